@@ -1,0 +1,154 @@
+"""The small SpS draft model for a target: a few Llama decoder layers on the target's own embedding.
+
+``build_draft_model(target, k)`` makes a ``LlamaForCausalLM`` with ``k`` decoder layers of the target's
+width and heads whose ``embed_tokens`` and ``lm_head`` ARE the target's modules (shared, frozen), so
+only the layers and the final norm are trained and stored. Its layers start as copies of evenly spaced
+target layers (first and last for two layers) and its norm as the target's.
+
+Storage format (a local folder): ``config.json`` (a LlamaConfig, with an ``"eagle2_sps_draft"`` entry
+marking the shared embedding) and ``model.safetensors`` with every key of the model except
+``model.embed_tokens.weight`` and ``lm_head.weight``. Loading checks keys and shapes strictly and never
+runs pickled code. A location that is not such a folder is an ordinary causal-LM checkpoint (a hub id
+such as ``double7/vicuna-68m``, or a local copy of one) and is loaded with its own embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+MARKER = "eagle2_sps_draft"
+SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def draft_config(target_config, num_layers: int) -> LlamaConfig:
+    """The target's LlamaConfig with ``num_layers`` decoder layers."""
+    cfg = target_config.to_dict()
+    for key in ("quantization_config", "auto_map", "_name_or_path", "_model_name_or_path"):
+        cfg.pop(key, None)
+    cfg.update(num_hidden_layers=num_layers, model_type="llama", architectures=["LlamaForCausalLM"])
+    config = LlamaConfig(**cfg)
+    config._attn_implementation = getattr(target_config, "_attn_implementation", None) or "sdpa"
+    return config
+
+
+def _share_target_embeddings(draft: LlamaForCausalLM, target) -> None:
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    embed.requires_grad_(False)
+    head.requires_grad_(False)
+    draft.model.embed_tokens = embed
+    draft.lm_head = head
+
+
+def _new_draft(config: LlamaConfig, target) -> LlamaForCausalLM:
+    # Build with a one-token vocabulary: the real embedding and LM head are the target's.
+    small = LlamaConfig(**{**config.to_dict(), "vocab_size": 1, "tie_word_embeddings": False,
+                                       "bos_token_id": None, "eos_token_id": None, "pad_token_id": None})
+    small._attn_implementation = config._attn_implementation
+    draft = LlamaForCausalLM(small)
+    draft.config = draft.model.config = config
+    draft.model.vocab_size = config.vocab_size
+    _share_target_embeddings(draft, target)
+    return draft.to(target.device, target.dtype)
+
+
+def layer_sources(target_layers: int, num_layers: int) -> list[int]:
+    """Evenly spaced target layer indices, first and last included when ``num_layers >= 2``."""
+    if num_layers == 1:
+        return [target_layers - 1]
+    return [round(i * (target_layers - 1) / (num_layers - 1)) for i in range(num_layers)]
+
+
+def build_draft_model(target, num_layers: int, init_from_target: bool = True) -> LlamaForCausalLM:
+    """A fresh ``num_layers``-layer draft sharing the target's embedding and LM head (eval mode)."""
+    if num_layers < 1:
+        raise ValueError("a draft model needs at least one decoder layer")
+    draft = _new_draft(draft_config(target.config, num_layers), target)
+    if init_from_target:
+        src_layers = target.base_model.layers
+        for dst, src in zip(draft.model.layers, layer_sources(len(src_layers), num_layers)):
+            dst.load_state_dict(src_layers[src].state_dict())
+        draft.model.norm.load_state_dict(target.base_model.norm.state_dict())
+    return draft.eval()
+
+
+def own_state_dict(draft) -> dict[str, torch.Tensor]:
+    """The draft's weights without the shared embedding and LM head."""
+    return {k: v for k, v in draft.state_dict().items() if k not in SHARED_KEYS}
+
+
+def save_draft_model(draft, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (no embedding, no LM head)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = draft.config.to_dict()
+    cfg[MARKER] = {"shares_target_embeddings": True}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in own_state_dict(draft).items()}
+    save_file(state, str(folder / WEIGHT_FILES[0]))
+    return folder
+
+
+def _is_shared_format(folder: Path) -> bool:
+    config = folder / "config.json"
+    return config.is_file() and MARKER in json.loads(config.read_text())
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(st))
+    if pt.is_file():
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+
+
+def _load_shared_format(folder: Path, target) -> LlamaForCausalLM:
+    raw = json.loads((folder / "config.json").read_text())
+    raw.pop(MARKER)
+    config = LlamaConfig(**raw)
+    config._attn_implementation = getattr(target.config, "_attn_implementation", None) or "sdpa"
+    if config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"SpS draft {folder}: hidden_size {config.hidden_size} does not match the "
+                         f"target's {target.config.hidden_size}")
+    draft = _new_draft(config, target)
+    state = _read_weights(folder)
+    expected = own_state_dict(draft)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise KeyError(f"SpS draft {folder}: missing keys {missing}, unexpected keys {unexpected}")
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise ValueError(f"SpS draft {folder}: {key} has shape {tuple(value.shape)}, "
+                             f"expected {tuple(expected[key].shape)}")
+    draft.load_state_dict(state, strict=False)  # the shared keys stay the target's
+    return draft
+
+
+def load_draft_model(location: str | Path, target):
+    """Load an SpS draft: our shared-embedding folder, else an ordinary causal-LM checkpoint."""
+    folder = Path(location)
+    if folder.is_dir() and _is_shared_format(folder):
+        draft = _load_shared_format(folder, target)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from eagle2.models import load_pretrained
+
+        draft = load_pretrained(AutoModelForCausalLM, str(location), dtype=target.dtype)
+        if draft.config.vocab_size != target.config.vocab_size:
+            log.warning("SpS draft %s has vocab_size %d, the target %d", location,
+                        draft.config.vocab_size, target.config.vocab_size)
+    return draft.to(target.device, target.dtype).eval()

@@ -1,0 +1,29 @@
+"""Drafters: each turns the committed context into a DraftTree. ``build_drafter`` picks one from the
+``method`` config; the engine never knows which one it runs."""
+
+from __future__ import annotations
+
+from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+from eagle2.drafters.eagle_static import EagleStaticDrafter
+from eagle2.drafters.plain import PlainDrafter
+from eagle2.drafters.sps import SpsDrafter
+
+METHODS = ("plain", "sps", "eagle", "eagle2")
+
+
+def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None):
+    name = method_cfg.name
+    if name == "plain":
+        return PlainDrafter()
+    if name == "sps":
+        if draft_model is None:
+            raise ValueError("method=sps needs a draft model (model.sps_draft)")
+        return SpsDrafter(draft_model, params, int(method_cfg.k), generator)
+    if name in ("eagle", "eagle2") and head is None:
+        raise ValueError(f"method={name} needs an EAGLE head (model.head)")
+    if name == "eagle":
+        return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices))
+    if name == "eagle2":
+        return Eagle2Drafter(head, target.lm_head, target.device, depth=int(method_cfg.depth),
+                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens))
+    raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,122 @@
+"""What EAGLE and EAGLE-2 share: running the feature-level head over committed context and over a
+growing draft tree, with its own KV cache.
+
+Head position j holds the pair (token t[j+1], target feature f[j]). After a commit the head catches
+up on the new pairs; the output at its last position predicts the root's feature, whose LM-head
+distribution gives the root's children. A tree node at depth d is fed as (its token, the feature
+predicted at its parent) at position committed + d - 1, attending to the committed context and its
+own fed ancestors. Tree entries are dropped from the head cache at the next catch-up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from eagle2.cache import crop, new_cache
+from eagle2.head import causal_mask
+
+
+class HeadRunner:
+    needs_hidden = True
+
+    def __init__(self, head, lm_head, device):
+        self.head, self.lm_head, self.device = head, lm_head, device
+        self.dtype = next(head.parameters()).dtype
+        self.forward_time = 0.0
+
+    # -- committed context -------------------------------------------------------------------
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.cache = new_cache(self.head)
+        self.committed = 0
+        self.pending_tokens = list(prompt_ids[1:]) + [first_token]
+        self.pending_feats = [prompt_hidden]
+
+    def observe(self, new_tokens, hidden) -> None:
+        self.pending_tokens.extend(new_tokens)
+        self.pending_feats.append(hidden)
+
+    def _head(self, tokens, feats, positions, mask) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
+                        cache=self.cache)[0]
+        self.forward_time += time.perf_counter() - t0
+        return out
+
+    def catch_up(self) -> torch.Tensor:
+        """Feed pending pairs; return log-probabilities (V,) of the root's children."""
+        crop(self.cache, self.committed)
+        tokens = torch.tensor(self.pending_tokens, device=self.device)
+        feats = torch.cat(self.pending_feats).to(self.dtype)
+        n = tokens.shape[0]
+        positions = torch.arange(self.committed, self.committed + n, device=self.device)
+        mask = causal_mask(n, self.committed, self.dtype, self.device)
+        out = self._head(tokens, feats, positions, mask)
+        self.committed += n
+        self.pending_tokens, self.pending_feats = [], []
+        self.fed_parent: list[int] = []  # per fed tree node: its fed-parent index, -1 for the root
+        self.root_feature = out[-1]
+        return self.log_probs(out[-1:])[0]
+
+    # -- the draft tree ----------------------------------------------------------------------
+    def log_probs(self, features: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.lm_head(features).float()
+        self.forward_time += time.perf_counter() - t0
+        return torch.log_softmax(logits, dim=-1)
+
+    def expand(self, tokens: list[int], parent_fed: list[int], depth: int,
+               parent_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed tree nodes of one depth; ``parent_fed[i]`` is the fed index of node i's parent (-1 for
+        the root), ``parent_features`` (n, H) the features predicted at the parents.
+        Returns (log-probs of their children (n, V), their predicted features (n, H))."""
+        n, first = len(tokens), len(self.fed_parent)
+        self.fed_parent.extend(parent_fed)
+        total = len(self.fed_parent)
+        anc = torch.zeros(n, total, dtype=torch.bool)
+        for row, p in enumerate(parent_fed):
+            while p != -1:
+                anc[row, p] = True
+                p = self.fed_parent[p]
+            anc[row, first + row] = True
+        allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool), anc], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        positions = torch.full((n,), self.committed + depth - 1, device=self.device)
+        out = self._head(torch.tensor(tokens, device=self.device), parent_features, positions,
+                         mask[None, None].to(self.device))
+        return self.log_probs(out), out
+
+
+def path_log_values(parents: torch.Tensor, log_conf: torch.Tensor) -> torch.Tensor:
+    """log V of every drafted node: the sum of log-confidences from the root (parents come first)."""
+    value = log_conf.clone()
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            value[i] += value[p]
+    return value
+
+
+def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+                      rank: torch.Tensor, log_conf: torch.Tensor, log_value: torch.Tensor, keep: torch.Tensor,
+                      **meta):
+    """Flatten kept drafted nodes into a DraftTree, with per-node records of every drafted node.
+
+    Drafted nodes are indexed so that parents precede children and siblings are contiguous and
+    best-first; ``parents`` holds drafted indices (-1 for the root); ``keep`` (ascending) must be
+    closed under taking parents.
+    """
+    from eagle2.tree import DraftTree
+
+    parent_list = parents.tolist()
+    tree_index = torch.full((len(tokens),), -1, dtype=torch.long)
+    tree_index[keep] = torch.arange(1, len(keep) + 1)
+    kept_parents = [0 if parent_list[i] < 0 else int(tree_index[parent_list[i]]) for i in keep.tolist()]
+    if any(p < 0 for p in kept_parents):
+        raise ValueError("kept draft nodes are not connected to the root")
+    conf = log_conf.exp()
+    tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep].cpu()]), torch.tensor([-1, *kept_parents]),
+                     confidence=torch.cat([torch.ones(1), conf[keep].cpu()]), meta=meta)
+    tree.records = {"depth": depth.tolist(), "rank": rank.tolist(), "confidence": conf.tolist(),
+                    "value": log_value.exp().tolist(), "tree_index": tree_index.tolist()}
+    return tree

@@ -1,0 +1,131 @@
+"""The decoding loop shared by every method: prefill, then rounds of propose -> verify -> accept -> commit.
+
+Plain decoding is the same loop with a drafter that proposes the root alone. The engine knows
+nothing about tokenization or about how a drafter builds its tree; drafters know nothing about
+verification. Token counting is one rule for every method: tokens appended to the output, cut
+after the first EOS and at ``max_new_tokens``.
+
+A drafter provides:
+- ``needs_hidden``: whether it consumes the target's last hidden states (EAGLE does);
+- ``start(prompt_ids, first_token, prompt_hidden)`` after prefill;
+- ``propose(root, room) -> DraftTree`` with at most ``room`` nodes, the root included;
+- ``observe(new_tokens, hidden)``: newly committed tokens (the last one is the next root) and, when
+  ``needs_hidden``, the target's features of the tokens that precede each of them;
+- ``forward_time``: seconds spent in its own model forwards (for the time breakdown).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle2.accept import accept_greedy, accept_stochastic
+from eagle2.cache import forward_target, keep_tree_path, new_cache
+from eagle2.sampling import SamplingParams, next_token, probabilities
+from eagle2.tree import DraftTree
+
+
+class ContextOverflowError(ValueError):
+    """The prompt leaves no room for generation in the model's context."""
+
+
+@dataclass
+class GenerationOutput:
+    output_ids: list[int]
+    prefill_time_s: float
+    wall_time_s: float  # decode only
+    accept_lengths: list[int]  # tokens appended per decode round (target forward), bonus included
+    rounds: list[dict] = field(default_factory=list)  # per-round timing and drafter facts
+    nodes: dict[str, list] = field(default_factory=dict)  # per drafted node, column-wise
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.accept_lengths)
+
+
+def _clock(device) -> float:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _record_nodes(store: dict[str, list], tree: DraftTree, round_idx: int, path: list[int]) -> None:
+    if not tree.records:
+        return
+    on_path = set(path)
+    indices = tree.records["tree_index"]
+    for key, values in tree.records.items():
+        store.setdefault(key, []).extend(values)
+    store.setdefault("round", []).extend([round_idx] * len(indices))
+    store.setdefault("accepted", []).extend([i in on_path for i in indices])
+
+
+@torch.no_grad()
+def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+             eos_ids: set[int], generator: torch.Generator | None = None, max_context: int | None = None
+             ) -> GenerationOutput:
+    device = target.device
+    limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
+    if len(prompt_ids) + 1 > limit:
+        raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
+    cache = new_cache(target)
+    start = _clock(device)
+    hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
+    first = next_token(target.lm_head(hidden[0, -1]), params, generator)
+    drafter.start(prompt_ids, first, hidden[0] if drafter.needs_hidden else None)
+    decode_start = _clock(device)
+    out, root, prefix = [first], first, len(prompt_ids)
+    accept_lengths, rounds, nodes = [], [], {}
+    while len(out) < max_new_tokens and out[-1] not in eos_ids and prefix + 1 <= limit:
+        t0, f0 = _clock(device), drafter.forward_time
+        tree = drafter.propose(root, room=limit - prefix)
+        t1 = _clock(device)
+        mask = tree.attention_mask(prefix, target.dtype, device)
+        hidden = forward_target(target, tree.tokens[None].to(device), cache, attention_mask=mask,
+                                position_ids=tree.position_ids(prefix, device))
+        logits = target.lm_head(hidden[0])  # (N, V)
+        t2 = _clock(device)
+        if params.greedy:
+            path, bonus = accept_greedy(tree, logits)
+        else:
+            path, bonus = accept_stochastic(tree, probabilities(logits, params), generator)
+        kept = [0, *path]
+        keep_tree_path(cache, prefix, kept)
+        new = [int(tree.tokens[i]) for i in path] + [bonus]
+        drafter.observe(new, hidden[0, kept] if drafter.needs_hidden else None)
+        out.extend(new)
+        prefix, root = prefix + len(kept), bonus
+        accept_lengths.append(len(new))
+        _record_nodes(nodes, tree, len(rounds), path)
+        t3 = _clock(device)
+        draft_forward = drafter.forward_time - f0
+        rounds.append({"tree_size": len(tree), "accepted": len(path), "draft_time_s": t1 - t0,
+                       "draft_forward_s": draft_forward, "verify_forward_s": t2 - t1,
+                       "other_s": (t3 - t0) - draft_forward - (t2 - t1), **tree.meta})
+    end = _clock(device)
+    out = _trim(out, eos_ids, max_new_tokens)
+    _trim_lengths(accept_lengths, len(out) - 1)
+    return GenerationOutput(out, decode_start - start, end - decode_start, accept_lengths, rounds, nodes)
+
+
+def _trim(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> list[int]:
+    tokens = tokens[:max_new_tokens]
+    for i, tok in enumerate(tokens):
+        if tok in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _trim_lengths(lengths: list[int], decoded: int) -> None:
+    """Clip the last rounds' lengths so that they add up to the tokens kept after the first one."""
+    excess = sum(lengths) - decoded
+    for i in range(len(lengths) - 1, -1, -1):  # every round kept at least one token
+        cut = min(excess, lengths[i] - 1)
+        lengths[i] -= cut
+        excess -= cut

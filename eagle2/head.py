@@ -1,0 +1,166 @@
+"""The EAGLE-1/EAGLE-2 feature-level draft head, and its published checkpoint format.
+
+Wiring (as in the authors' heads): the input at position i is ``fc(concat(embed(t[i+1]), f[i]))``,
+embedding first, where ``f[i]`` is the target's last hidden state AFTER its final norm (the tensor its
+LM head multiplies). Then one Llama decoder layer whose input layernorm is absent, and no final norm:
+the output is a predicted feature that goes straight into the target's LM head. Extra layers (an
+extension, ``num_hidden_layers > 1``) keep their input layernorm.
+
+Checkpoint format (a folder, local or a hub id): ``config.json`` = a LlamaConfig with
+``num_hidden_layers = 1`` and an optional ``"bias"`` (for ``fc``, default true); weights in
+``model.safetensors`` or ``pytorch_model.bin`` with keys ``fc.weight`` [h, 2h], ``fc.bias`` [h],
+``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
+``layers.0.post_attention_layernorm.weight`` and optionally ``embed_tokens.weight`` (the target's
+embedding is used when absent). Loading is strict, never runs pickled code, and names a bad key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from eagle2.cache import cache_kwargs
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: LlamaConfig, bias: bool = True):
+        super().__init__()
+        self.config = config
+        self.bias = bias
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=bias)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers[0].input_layernorm = nn.Identity()  # absent in the published heads
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self._embed: list[nn.Module] = []  # the target's embedding, kept out of the state dict
+
+    def attach_embedding(self, embed_tokens: nn.Module) -> "EagleHead":
+        self._embed = [embed_tokens]
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if not self._embed:
+            raise RuntimeError("EagleHead has no token embedding: call attach_embedding(target embedding)")
+        return self._embed[0]
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
+        """input_ids (B, Q) tokens t[i+1]; features (B, Q, H) f[i]; attention_mask additive float
+        (B, 1, Q, past+Q). Returns predicted features (B, Q, H)."""
+        emb = self.embed_tokens(input_ids).to(features.dtype)
+        hidden = self.fc(torch.cat([emb, features], dim=-1))
+        pos_emb = self.rotary_emb(hidden, position_ids=position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids,
+                           position_embeddings=pos_emb, use_cache=cache is not None,
+                           **cache_kwargs(layer, cache))
+        return hidden
+
+
+def causal_mask(q_len: int, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive (1, 1, q_len, past + q_len) mask: query i sees keys 0..past+i."""
+    k = torch.arange(past + q_len, device=device)
+    q = torch.arange(q_len, device=device)[:, None] + past
+    allowed = k[None, :] <= q
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def head_config_from_target(target_config, num_layers: int = 1) -> LlamaConfig:
+    """A LlamaConfig for a head matching the target's width, heads and RoPE."""
+    cfg = target_config.to_dict()
+    for key in ("quantization_config", "architectures", "auto_map", "_name_or_path"):
+        cfg.pop(key, None)
+    cfg["num_hidden_layers"] = num_layers
+    cfg["model_type"] = "llama"
+    config = LlamaConfig(**cfg)
+    config._attn_implementation = getattr(target_config, "_attn_implementation", None) or "sdpa"
+    return config
+
+
+def _read_config(folder: Path) -> tuple[LlamaConfig, bool]:
+    raw = json.loads((folder / "config.json").read_text())
+    bias = bool(raw.pop("bias", True))
+    if "rope_theta" not in raw and "rope_parameters" not in raw and "rope_scaling" not in raw:
+        raw["rope_theta"] = 10000.0  # the authors' code defaults to this
+    raw.setdefault("model_type", "llama")
+    return LlamaConfig(**raw), bias
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(st))
+    if pt.is_file():
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+
+
+def _local_folder(location: str) -> Path:
+    path = Path(location)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    from eagle2.models import ModelUnavailableError
+
+    try:
+        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
+        raise ModelUnavailableError(
+            f"cannot load EAGLE head {location!r}: not a local folder and the hub is unreachable "
+            f"({type(exc).__name__}); download it and pass model.head=/local/dir") from None
+
+
+def load_head(location: str | Path, target) -> EagleHead:
+    """Load a head in the published format, strictly, on the target's device and dtype."""
+    folder = _local_folder(str(location))
+    config, bias = _read_config(folder)
+    config._attn_implementation = getattr(target.config, "_attn_implementation", "sdpa")
+    head = EagleHead(config, bias=bias)
+    state = _read_weights(folder)
+    embed = state.pop("embed_tokens.weight", None)
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(state) - {k for k in expected if "rotary" in k})
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise KeyError(f"EAGLE head {folder}: missing keys {missing}, unexpected keys {unexpected}")
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise ValueError(f"EAGLE head {folder}: {key} has shape {tuple(value.shape)}, "
+                             f"expected {tuple(expected[key].shape)}")
+    head.load_state_dict(state, strict=False)  # rotary buffers are computed, not stored
+    if embed is not None:
+        own = nn.Embedding(*embed.shape)
+        own.weight.data.copy_(embed)
+        own.requires_grad_(False)
+        head.attach_embedding(own.to(target.device, target.dtype))
+    else:
+        head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, target.dtype).eval()
+
+
+def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (no embedding) in the published layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = head.config.to_dict()
+    cfg["bias"] = head.bias
+    cfg["architectures"] = ["EagleHead"]
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
+             if "rotary" not in k}
+    save_file(state, str(folder / "model.safetensors"))
+    return folder

@@ -1,0 +1,128 @@
+"""Training corpus for draft heads and draft models: prompts, and the target's own answers.
+
+Prompts are the Alpaca instructions shipped in ``data/train`` (``input`` appended when present), minus
+every prompt whose text equals an evaluation question of the six benchmarks. Answers come from the
+target itself (self-distillation): batched decoding with left padding, greedy or sampled, recording
+the target's last hidden state (after its final norm, the tensor its LM head multiplies) at every
+position, which is exactly the feature an EAGLE head consumes. Shards are written atomically as
+safetensors, so a killed run resumes where it stopped.
+
+Shard layout: ``tokens`` (N,) int32, ``features`` (N, H) fp16, ``offsets`` (B+1,) int64 sequence
+boundaries, ``response_start`` (B,) int64 index of the first answer token within each sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from eagle2.cache import new_cache, forward_target
+from eagle2.chat import encode_conversation
+from eagle2.data import all_benchmark_questions
+
+
+def training_prompts(path: str | Path, benchmarks_dir: str | Path | None = None) -> list[str]:
+    """Alpaca prompts with every benchmark question removed."""
+    records = json.loads(Path(path).read_text())
+    prompts = [(r["instruction"] + ("\n" + r["input"] if r.get("input") else "")).strip() for r in records]
+    held_out = all_benchmark_questions(benchmarks_dir)
+    return [p for p in prompts if p not in held_out]
+
+
+@torch.no_grad()
+def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_tokens: int,
+                 temperature: float, generator: torch.Generator, pad_id: int):
+    """Decode a left-padded batch; return per-row (token ids, features, response_start)."""
+    batch = len(prompt_ids)
+    width = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        mask[row, width - len(ids):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = new_cache(model)
+    hidden = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)
+    feats = [[hidden[row, width - len(prompt_ids[row]):]] for row in range(batch)]
+    n_feats = [len(p) for p in prompt_ids]
+    tokens = [list(p) for p in prompt_ids]
+    alive = torch.ones(batch, dtype=torch.bool)
+    last = hidden[:, -1]
+    for _ in range(max_new_tokens):
+        logits = model.lm_head(last).float()  # (B, V)
+        if temperature > 0:
+            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            nxt = logits.argmax(-1)
+        for row in torch.nonzero(alive)[:, 0].tolist():
+            tokens[row].append(int(nxt[row]))
+            if int(nxt[row]) in eos_ids:
+                alive[row] = False
+        if not alive.any():
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+        positions = positions[:, -1:] + 1
+        hidden = forward_target(model, nxt[:, None], cache, attention_mask=mask, position_ids=positions)
+        last = hidden[:, -1]
+        for row in range(batch):
+            if n_feats[row] < len(tokens[row]):  # rows that finished earlier record nothing
+                feats[row].append(hidden[row])
+                n_feats[row] += 1
+    out = []
+    for row in range(batch):
+        f = torch.cat(feats[row], dim=0)
+        n = min(len(tokens[row]), f.shape[0])
+        out.append((tokens[row][:n], f[:n], len(prompt_ids[row])))
+    return out
+
+
+def write_shard(path: Path, rows) -> None:
+    tokens = torch.tensor([t for ids, _, _ in rows for t in ids], dtype=torch.int32)
+    features = torch.cat([f for _, f, _ in rows]).to(torch.float16)
+    lengths = torch.tensor([len(ids) for ids, _, _ in rows])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    starts = torch.tensor([s for _, _, s in rows], dtype=torch.long)
+    tmp = path.with_suffix(".partial")
+    save_file({"tokens": tokens, "features": features.contiguous(), "offsets": offsets,
+               "response_start": starts}, str(tmp))
+    tmp.rename(path)
+
+
+def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(p)) for p in sorted(Path(folder).glob("shard_*.safetensors"))]
+
+
+def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
+                 system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
+                 temperature: float, samples_per_prompt: int, seed: int) -> Path:
+    """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    encoded = []
+    for sample in range(samples_per_prompt):
+        for i, p in enumerate(prompts):
+            ids = encode_conversation(tokenizer, template, [p], [], system_prompt)
+            if len(ids) <= max_prompt_tokens:
+                encoded.append((sample, i, ids))
+    encoded.sort(key=lambda e: len(e[2]))  # similar lengths share a batch: less padding
+    batches = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
+    eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    done = sum(1 for b in range(len(batches)) if (out / f"shard_{b:05d}.safetensors").exists())
+    bar = tqdm(total=len(batches), initial=done, desc="self-distillation batches")
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+    for b in order:  # random order: a partial corpus is an unbiased sample of the prompts
+        batch = batches[b]
+        path = out / f"shard_{b:05d}.safetensors"
+        if path.exists():
+            continue
+        gen = torch.Generator().manual_seed(seed * 100003 + b)
+        rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen, pad_id)
+        write_shard(path, rows)
+        bar.update(1)
+    bar.close()
+    return out

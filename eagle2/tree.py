@@ -1,0 +1,89 @@
+"""DraftTree: the data contract between drafters and the verifier.
+
+Node 0 is the root: the last committed token, not yet in the target's KV cache. Every other node is
+a drafted token whose parent has a smaller index (topological order). Children of a node are tried
+in index order, so drafters list siblings best-first. A chain is a tree with one child per node;
+plain decoding is the root alone.
+
+From the tree come the ancestor-only additive attention mask, the position ids (prefix length +
+depth), and root-to-leaf paths. ``q_draft`` (N, V) holds, for stochastic drafts, the distribution
+each node's token was sampled from; when it is None the children were chosen deterministically
+(EAGLE's top-k expansion). ``records`` optionally carries per-node logs of every drafted node
+(including ones not kept for verification); the engine fills in acceptance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # (N,) long; tokens[0] is the root
+    parents: torch.Tensor  # (N,) long; parents[0] == -1
+    confidence: torch.Tensor | None = None  # (N,) draft probability of each node given its parent
+    q_draft: torch.Tensor | None = None  # (N, V) distribution node i was sampled from (stochastic drafts)
+    records: dict | None = None  # per drafted node: depth, rank, confidence, value, tree_index
+    meta: dict = field(default_factory=dict)  # per-round facts a drafter wants logged (e.g. budget)
+
+    def __post_init__(self):
+        parents = self.parents.tolist()
+        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError("DraftTree needs parents[0] == -1 and 0 <= parents[i] < i for every other node")
+        self._parents = parents
+        depth = [0] * len(parents)
+        children: list[list[int]] = [[] for _ in parents]
+        for i in range(1, len(parents)):
+            depth[i] = depth[parents[i]] + 1
+            children[parents[i]].append(i)
+        self._depth = depth
+        self.children = children
+
+    @classmethod
+    def root_only(cls, token: int) -> "DraftTree":
+        return cls(torch.tensor([token]), torch.tensor([-1]))
+
+    @classmethod
+    def chain(cls, root: int, drafted: list[int], **kw) -> "DraftTree":
+        n = len(drafted) + 1
+        return cls(torch.tensor([root, *drafted]), torch.arange(-1, n - 1), **kw)
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+    @property
+    def depths(self) -> torch.Tensor:
+        return torch.tensor(self._depth)
+
+    def ancestor_matrix(self) -> torch.Tensor:
+        """(N, N) bool: [i, j] is True when j is i or an ancestor of i."""
+        n = len(self)
+        anc = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            anc[i] |= anc[self._parents[i]]
+        return anc
+
+    def attention_mask(self, prefix_len: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
+        """Additive (1, 1, N, prefix_len + N) float mask; None for the root alone (sees everything)."""
+        n = len(self)
+        if n == 1:
+            return None
+        allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), self.ancestor_matrix()], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=dtype)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[None, None].to(device)
+
+    def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
+        return (self.depths + prefix_len)[None].to(device)
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf node-index paths."""
+        out = []
+        for leaf in (i for i, ch in enumerate(self.children) if not ch):
+            path = [leaf]
+            while self._parents[path[-1]] != -1:
+                path.append(self._parents[path[-1]])
+            out.append(path[::-1])
+        return out
