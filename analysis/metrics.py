@@ -1,0 +1,140 @@
+"""Metrics computed from stored rows and per-node records, never from prints.
+
+- tokens/s: decode tokens (tokens appended after the first, which prefill produces) over decode time;
+- tau: decode tokens per target forward (bonus included); plain decoding has tau = 1;
+- speedup: a method's tokens/s over plain decoding's on the SAME question turns, same model, dataset,
+  temperature and machine; without a plain baseline there is no speedup (NaN, flagged);
+- time breakdown: draft forwards, verify forwards, everything else (bookkeeping), per round summed;
+- per-position acceptance and calibration from the per-node records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
+
+
+def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
+    """Every row under ``results`` (recursively) with the given status."""
+    records = []
+    for path in sorted(Path(results).rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if status is None or row.get("status") == status:
+                records.append(row)
+    frame = pd.DataFrame(records)
+    if frame.empty:
+        return frame
+    frame = frame.drop_duplicates(subset=GROUP + ["question_id", "turn"], keep="last")
+    if "accept_lengths" in frame:
+        frame["decode_tokens"] = frame["accept_lengths"].map(sum)
+    return frame.reset_index(drop=True)
+
+
+def load_nodes(results: str | Path) -> pd.DataFrame:
+    files = sorted(Path(results).rglob("*.nodes/*.parquet"))
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
+def _round_sum(rounds: dict, key: str) -> float:
+    return float(sum(v for v in (rounds or {}).get(key, []) if v is not None))
+
+
+def method_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per (model, dataset, method, temperature, config): tokens/s, tau, speedup, time shares."""
+    out = []
+    for key, g in rows.groupby(GROUP, dropna=False):
+        rec = dict(zip(GROUP, key))
+        rec.update(_aggregate(g))
+        base = rows[(rows.method == "plain") & (rows.model == rec["model"]) & (rows.dataset == rec["dataset"])
+                     & (rows.temperature == rec["temperature"])]
+        rec["speedup"], rec["baseline_turns"] = _speedup(g, base)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _aggregate(g: pd.DataFrame) -> dict:
+    tokens, wall, forwards = g.decode_tokens.sum(), g.wall_time_s.sum(), g.target_forwards.sum()
+    draft = sum(_round_sum(r, "draft_forward_s") for r in g.rounds)
+    verify = sum(_round_sum(r, "verify_forward_s") for r in g.rounds)
+    other = sum(_round_sum(r, "other_s") for r in g.rounds)
+    total = draft + verify + other
+    per_q = g.decode_tokens / g.wall_time_s
+    return {"turns": len(g), "new_tokens": int(g.new_tokens.sum()), "tokens_per_s": tokens / wall if wall else np.nan,
+            "tokens_per_s_std": float(per_q.std()) if len(g) > 1 else np.nan,
+            "tau": tokens / forwards if forwards else np.nan,
+            "draft_share": draft / total if total else np.nan, "verify_share": verify / total if total else np.nan,
+            "other_share": other / total if total else np.nan,
+            "ms_per_round": 1000 * total / forwards if forwards else np.nan,
+            "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan}
+
+
+def _speedup(g: pd.DataFrame, base: pd.DataFrame) -> tuple[float, int]:
+    """tokens/s ratio on the question turns both have; NaN when there is no plain baseline."""
+    if base.empty:
+        return np.nan, 0
+    keys = ["question_id", "turn"]
+    common = g.merge(base, on=keys, suffixes=("", "_plain"))
+    if common.empty:
+        return np.nan, 0
+    ours = common.decode_tokens.sum() / common.wall_time_s.sum()
+    plain = common.decode_tokens_plain.sum() / common.wall_time_s_plain.sum()
+    return ours / plain, len(common)
+
+
+def per_position_acceptance(rows: pd.DataFrame, max_depth: int = 8) -> pd.DataFrame:
+    """For each method: P(round accepts >= d drafts) and the conditional rate at depth d."""
+    out = []
+    for key, g in rows[rows.method != "plain"].groupby(GROUP, dropna=False):
+        accepted = np.array([a - 1 for lengths in g.accept_lengths for a in lengths])
+        if accepted.size == 0:
+            continue
+        for d in range(1, max_depth + 1):
+            reach = (accepted >= d - 1).sum()
+            out.append({**dict(zip(GROUP, key)), "depth": d, "p_at_least": float((accepted >= d).mean()),
+                        "conditional": float((accepted >= d).sum() / reach) if reach else np.nan})
+    return pd.DataFrame(out)
+
+
+def _with_parent_accepted(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Verified nodes whose parent was on the accepted path (so the node itself was really tried)."""
+    verified = nodes[nodes.tree_index >= 0].copy()
+    keys = ["config_hash", "question_id", "turn", "round"]
+    acc = verified[verified.accepted][keys + ["tree_index"]].rename(columns={"tree_index": "parent_tree_index"})
+    acc["parent_ok"] = True
+    merged = verified.merge(acc, on=keys + ["parent_tree_index"], how="left")
+    merged["parent_ok"] = merged["parent_ok"].fillna(False).astype(bool) | (merged.parent_tree_index == 0)
+    return merged[merged.parent_ok]
+
+
+def calibration(nodes: pd.DataFrame, bins: int = 10, by_depth: bool = False) -> pd.DataFrame:
+    """Confidence bins -> empirical acceptance (nodes whose parent was accepted), with counts."""
+    tried = _with_parent_accepted(nodes)
+    edges = np.linspace(0, 1, bins + 1)
+    tried["bin"] = np.clip(np.digitize(tried.confidence, edges) - 1, 0, bins - 1)
+    keys = ["method", "bin"] + (["depth"] if by_depth else [])
+    table = tried.groupby(keys).agg(confidence=("confidence", "mean"), acceptance=("accepted", "mean"),
+                                    count=("accepted", "size")).reset_index()
+    table["bin_low"], table["bin_high"] = edges[table.bin], edges[table.bin + 1]
+    return table
+
+
+def expected_calibration_error(nodes: pd.DataFrame, bins: int = 10) -> pd.Series:
+    table = calibration(nodes, bins)
+    def ece(g):
+        return float((g["count"] * (g.confidence - g.acceptance).abs()).sum() / g["count"].sum())
+    return table.groupby("method").apply(ece)
+
+
+def acceptance_by_rank(nodes: pd.DataFrame) -> pd.DataFrame:
+    tried = _with_parent_accepted(nodes)
+    return tried.groupby(["method", "rank"]).agg(acceptance=("accepted", "mean"), count=("accepted", "size")
+                                                 ).reset_index()

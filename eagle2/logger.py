@@ -1,0 +1,52 @@
+"""Experiment logging: Weights & Biases (offline by default, never asks for a key) or nothing.
+
+Per turn it logs the row's scalar metrics; at the end the run summary. The results store, not the
+logger, is the source of truth for every figure.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig, OmegaConf
+
+SCALARS = ("new_tokens", "wall_time_s", "prefill_time_s", "target_forwards", "tokens_per_s", "tau")
+
+
+class NullLogger:
+    def log_row(self, row: dict) -> None:
+        pass
+
+    def log_table(self, name: str, frame) -> None:
+        pass
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+
+class WandbLogger(NullLogger):
+    def __init__(self, cfg: DictConfig, chash: str):
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        os.makedirs(cfg.logger.dir, exist_ok=True)
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.logger.project, mode=cfg.logger.mode, dir=str(cfg.logger.dir),
+                              name=f"{cfg.model.name}-{cfg.method.name}-{cfg.dataset.name}-{chash}",
+                              config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous")
+
+    def log_row(self, row: dict) -> None:
+        self.run.log({k: row[k] for k in SCALARS if row.get(k) is not None})
+
+    def log_table(self, name: str, frame) -> None:
+        self.run.log({name: self.wandb.Table(dataframe=frame)})
+
+    def finish(self, summary: dict) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if v is not None})
+        self.run.finish()
+
+
+def make_logger(cfg: DictConfig, chash: str):
+    if cfg.logger.get("enabled") and cfg.logger.name == "wandb":
+        return WandbLogger(cfg, chash)
+    return NullLogger()

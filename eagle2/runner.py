@@ -1,0 +1,212 @@
+"""One benchmark run: a model, a method and a dataset from the Hydra config, every question turn
+decoded and stored as a row. ``run.py`` is a thin wrapper over ``run``.
+
+Multi-turn questions (MT-bench) see the model's own earlier answers through the chat template.
+Finished turns are skipped on a rerun; a turn that fails (a prompt longer than the context, an
+error in a forward) is stored as a failed row with its error, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from eagle2.chat import encode_conversation
+from eagle2.data import PROJECT_ROOT, benchmark_file, load_questions
+from eagle2.drafters import build_drafter
+from eagle2.engine import ContextOverflowError, generate
+from eagle2.models import load_target
+from eagle2.results import ResultStore, config_hash
+from eagle2.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def resolve_artifact(location: str | None) -> str | None:
+    """A relative path is looked up in the working directory, then in the project; else a hub id."""
+    if not location:
+        return None
+    for candidate in (Path(location), PROJECT_ROOT / location):
+        if candidate.exists():
+            return str(candidate)
+    return location
+
+
+def dataset_questions(cfg: DictConfig) -> list[dict]:
+    ds = cfg.dataset
+    if ds.get("hub"):
+        from eagle2.data import load_hub_questions
+
+        return load_hub_questions(ds.hub, ds.limit)
+    path = ds.path or benchmark_file(ds.name)
+    return load_questions(path, ds.limit)
+
+
+def load_drafter_weights(cfg: DictConfig, target):
+    """(head, draft_model) that the method needs; the other is None."""
+    name = cfg.method.name
+    head = draft = None
+    if name in ("eagle", "eagle2"):
+        from eagle2.head import load_head
+
+        if not cfg.model.head:
+            raise ValueError(f"model {cfg.model.name} names no EAGLE head (model.head)")
+        head = load_head(resolve_artifact(cfg.model.head), target)
+    if name == "sps":
+        from eagle2.draft_model import load_draft_model
+
+        if not cfg.model.sps_draft:
+            raise ValueError(f"model {cfg.model.name} has no SpS draft model (model.sps_draft)")
+        draft = load_draft_model(resolve_artifact(cfg.model.sps_draft), target)
+    return head, draft
+
+
+def stop_ids(tokenizer, model_cfg) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in model_cfg.get("stop_tokens") or []:
+        ids.add(tokenizer.convert_tokens_to_ids(tok))
+    return ids
+
+
+def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
+    room = context - int(cfg.max_new_tokens)
+    if len(prompt) <= room:
+        return prompt
+    if not cfg.truncate_long_prompts:
+        raise ContextOverflowError(
+            f"prompt has {len(prompt)} tokens but the context of {context} leaves room for {room} with "
+            f"max_new_tokens={cfg.max_new_tokens}; lower max_new_tokens or set truncate_long_prompts=true")
+    log.warning("prompt of %d tokens truncated to its last %d", len(prompt), room)
+    return prompt[-room:]
+
+
+def _row_generator(seed: int, question_id, turn: int, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(zlib.crc32(f"{seed}/{question_id}/{turn}".encode()))
+    return gen
+
+
+def _peak_memory_mb(device) -> float | None:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except ImportError:
+        return None
+
+
+def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
+    rounds = {key: [r.get(key) for r in out.rounds] for key in (out.rounds[0] if out.rounds else {})}
+    decoded = sum(out.accept_lengths)
+    return {
+        "question_id": question["question_id"], "turn": turn, "category": question.get("category"),
+        "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
+        "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
+        "seed": int(cfg.seed), "config_hash": chash, "status": "ok", "error": None,
+        "prompt_tokens": len(prompt), "new_tokens": out.new_tokens, "wall_time_s": out.wall_time_s,
+        "prefill_time_s": out.prefill_time_s, "target_forwards": out.target_forwards,
+        "tokens_per_s": decoded / out.wall_time_s if out.wall_time_s > 0 else None,
+        "tau": decoded / out.target_forwards if out.target_forwards else None,
+        "accept_lengths": out.accept_lengths, "output_ids": out.output_ids,
+        "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
+        "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
+        "method_config": OmegaConf.to_container(cfg.method, resolve=True), "timestamp": time.time(),
+    }
+
+
+def failed_row(cfg, chash, question, turn, exc: Exception) -> dict:
+    return {"question_id": question["question_id"], "turn": turn, "dataset": cfg.dataset.name,
+            "model": cfg.model.name, "method": cfg.method.name, "temperature": float(cfg.temperature),
+            "seed": int(cfg.seed), "config_hash": chash, "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time()}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Decode every unfinished question turn; return the summary that is printed."""
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    questions = dataset_questions(cfg)
+    chash = config_hash(cfg)
+    store = ResultStore(cfg.paths.results, cfg.dataset.name, cfg.model.name, cfg.method.name, chash)
+    todo = [(q, t) for q in questions for t in range(len(q["turns"])) if not store.finished(q["question_id"], t)]
+    print(f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
+          f"{len(todo)} turns to run -> {store.rows_path}", flush=True)
+    if todo:
+        _decode_all(cfg, chash, store, questions)
+    summary = summarize(store, questions)
+    print(format_summary(cfg, summary), flush=True)
+    return summary
+
+
+def _decode_all(cfg, chash, store, questions) -> None:
+    from eagle2.logger import make_logger
+
+    target, tokenizer = load_target(cfg.model)
+    head, draft = load_drafter_weights(cfg, target)
+    params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
+    context = int(cfg.model.max_context)
+    eos = stop_ids(tokenizer, cfg.model)
+    logger = make_logger(cfg, chash)
+
+    def decode(prompt, generator):
+        drafter = build_drafter(cfg.method, target, params, generator, head=head, draft_model=draft)
+        return generate(target, drafter, prompt, params, int(cfg.max_new_tokens), eos, generator, context)
+
+    if cfg.warmup_tokens:
+        warm = encode_conversation(tokenizer, cfg.model.template, ["Hello!"], [], cfg.model.system_prompt)
+        drafter = build_drafter(cfg.method, target, params, None, head=head, draft_model=draft)
+        generate(target, drafter, warm, params, int(cfg.warmup_tokens), eos, None, context)
+    bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
+    try:
+        for q in questions:
+            answers: list[str] = []
+            for turn in range(len(q["turns"])):
+                bar.update(1)
+                done = store.finished(q["question_id"], turn)
+                if done:
+                    answers.append(done["output_text"])
+                    continue
+                try:
+                    prompt = encode_conversation(tokenizer, cfg.model.template, q["turns"][: turn + 1], answers,
+                                                 cfg.model.system_prompt)
+                    prompt = fit_prompt(prompt, cfg, context)
+                    out = decode(prompt, _row_generator(cfg.seed, q["question_id"], turn, target.device))
+                except (ContextOverflowError, RuntimeError) as exc:
+                    log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
+                    store.append(failed_row(cfg, chash, q, turn, exc))
+                    break  # later turns need this answer
+                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer)
+                store.append(row, out.nodes)
+                logger.log_row(row)
+                answers.append(row["output_text"])
+    finally:
+        bar.close()
+        logger.finish(summarize(store, questions))
+
+
+def summarize(store: ResultStore, questions: list[dict]) -> dict:
+    """Totals over this run's question turns (tokens/s as total tokens over total decode time)."""
+    ids = {q["question_id"] for q in questions}
+    rows = [r for (qid, _), r in store.done.items() if qid in ids]
+    decoded = sum(sum(r["accept_lengths"]) for r in rows)
+    wall = sum(r["wall_time_s"] for r in rows)
+    forwards = sum(r["target_forwards"] for r in rows)
+    return {"turns": len(rows), "new_tokens": sum(r["new_tokens"] for r in rows),
+            "decode_time_s": wall, "tokens_per_s": decoded / wall if wall else None,
+            "tau": decoded / forwards if forwards else None, "results": str(store.rows_path)}
+
+
+def format_summary(cfg, s: dict) -> str:
+    tps = f"{s['tokens_per_s']:.2f}" if s["tokens_per_s"] else "n/a"
+    tau = f"{s['tau']:.2f}" if s["tau"] else "n/a"
+    return (f"[eagle2] summary {cfg.model.name}/{cfg.method.name}/{cfg.dataset.name} T={cfg.temperature}: "
+            f"{s['turns']} turns, {s['new_tokens']} new tokens, {tps} tokens/s (decode), tau {tau}\n"
+            f"[eagle2] rows: {s['results']}")

@@ -1,0 +1,47 @@
+"""The four-method CPU table: plain, sps, eagle, eagle2 on SmolLM2, side by side in one run.
+
+Each (method, dataset) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
+table is computed from the stored rows by ``analysis.metrics``: tokens/s, speedup over plain on the
+same turns, tau, and where round time goes (draft forwards, verify forwards, everything else).
+
+Run: ``python -m experiments.four_methods --results results/four_methods [--limit 10] [overrides...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from analysis.metrics import load_rows, method_table
+from eagle2.runner import run
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default="results/four_methods")
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--datasets", default="mt_bench,gsm8k")
+    ap.add_argument("--methods", default="plain,sps,eagle,eagle2")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. temperature=1.0")
+    args = ap.parse_args()
+    for dataset in args.datasets.split(","):
+        for method in args.methods.split(","):
+            with initialize_config_dir(str(CONF), version_base="1.3"):
+                cfg = compose("config", overrides=[
+                    f"method={method}", f"dataset={dataset}", f"dataset.limit={args.limit}",
+                    f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
+                    *args.overrides])
+            run(cfg)
+    table = method_table(load_rows(args.results))
+    cols = ["dataset", "method", "temperature", "turns", "tokens_per_s", "speedup", "tau", "ms_per_round",
+            "draft_share", "verify_share", "other_share"]
+    print(table[cols].sort_values(["dataset", "method"]).to_markdown(index=False, floatfmt=".3f"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Losslessness at temperature > 0: sampled outputs follow the target's exact distribution.
+
+A tiny target with an 8-token vocabulary lets us enumerate the exact distribution of the first three
+generated tokens (512 outcomes). Each method draws many samples through the real engine and is
+compared with it by a chi-square test (cells with expected count < 5 pooled; threshold fixed in
+advance: pass when p > 1e-3). Negative controls — deliberately broken rules — run through the very
+same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic`` alone with
+far more samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from scipy.stats import chisquare
+
+import eagle2.engine as engine
+from eagle2.accept import accept_stochastic
+from eagle2.drafters import build_drafter
+from eagle2.sampling import SamplingParams, probabilities
+from eagle2.tree import DraftTree
+from tests.conftest import tiny_head, tiny_llama
+
+VOCAB, PROMPT, N_TOKENS = 8, [2, 5, 3], 3
+PASS_P, REJECT_P = 1e-3, 1e-6
+METHODS = {
+    "plain": {"name": "plain"},
+    "sps": {"name": "sps", "k": 2},
+    "eagle": {"name": "eagle", "choices": [[0], [1], [2], [3], [0, 0], [1, 0], [2, 0], [3, 0]]},
+    "eagle2": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 6},
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threading only adds overhead
+    target = tiny_llama(vocab=VOCAB, layers=1, hidden=16, seed=0, scale=25.0)
+    with torch.no_grad():  # sharp, value-heavy attention: what a node may see matters (mask controls bite)
+        attn = target.model.layers[0].self_attn
+        attn.q_proj.weight.mul_(8.0)
+        attn.k_proj.weight.mul_(8.0)
+        attn.v_proj.weight.mul_(30.0)
+    draft = tiny_llama(vocab=VOCAB, layers=1, hidden=16, seed=1, scale=25.0)
+    yield target, draft, tiny_head(target, seed=2)
+    torch.set_num_threads(threads)
+
+
+@torch.no_grad()
+def exact_distribution(target, params: SamplingParams) -> torch.Tensor:
+    """P(x0, x1, x2 | PROMPT) over all VOCAB**3 outcomes, flattened."""
+    joint = torch.ones(1)
+    prefixes = [[]]
+    for _ in range(N_TOKENS):
+        ids = torch.tensor([PROMPT + p for p in prefixes])
+        probs = probabilities(target(ids).logits[:, -1], params)  # (len(prefixes), V)
+        joint = (joint[:, None] * probs).reshape(-1)
+        prefixes = [p + [v] for p in prefixes for v in range(VOCAB)]
+    return joint
+
+
+def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, head=None) -> torch.Tensor:
+    counts = torch.zeros(VOCAB**N_TOKENS)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = OmegaConf.create(method)
+    for _ in range(n):
+        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft)
+        out = engine.generate(target, drafter, PROMPT, params, N_TOKENS, set(), gen).output_ids
+        counts[(out[0] * VOCAB + out[1]) * VOCAB + out[2]] += 1
+    return counts
+
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("params", PARAMS, ids=["T1", "T0.7-p0.9-k6"])
+def test_method_matches_target_distribution(models, name, params):
+    target, draft, head = models
+    counts = sample_counts(target, METHODS[name], params, 2500, seed=11, draft=draft, head=head)
+    assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_matches_target_distribution_many_samples(models, name):
+    target, draft, head = models
+    params = SamplingParams(1.0)
+    counts = sample_counts(target, METHODS[name], params, 20000, seed=12, draft=draft, head=head)
+    assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
+
+
+# ---- negative controls: the same check must reject broken implementations ----
+
+def _always_accept(tree, p_target, generator):
+    node, path = 0, []
+    while tree.children[node]:
+        node = tree.children[node][0]
+        path.append(node)
+    return path, int(torch.multinomial(p_target[node], 1, generator=generator))
+
+
+def _q_is_one(tree, p_target, generator):
+    """The SpS rule with q(x) taken as 1 in the acceptance ratio (accept with p(x) instead of
+    min(1, p(x)/q(x))), the residual still norm(max(0, p - q))."""
+    node, path = 0, []
+    while tree.children[node]:
+        child = tree.children[node][0]
+        x = int(tree.tokens[child])
+        if float(torch.rand((), generator=generator)) < float(p_target[node, x]):
+            node = child
+            path.append(child)
+            continue
+        residual = (p_target[node] - tree.q_draft[child]).clamp_min(0)
+        return path, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return path, int(torch.multinomial(p_target[node], 1, generator=generator))
+
+
+@pytest.mark.parametrize("control,method", [("always_accept", "eagle2"), ("always_accept", "sps"),
+                                            ("q_is_one", "sps"), ("sibling_visible_mask", "eagle")])
+def test_negative_control_is_rejected(models, monkeypatch, control, method):
+    target, draft, head = models
+    if control == "always_accept":
+        monkeypatch.setattr(engine, "accept_stochastic", _always_accept)
+    elif control == "q_is_one":
+        monkeypatch.setattr(engine, "accept_stochastic", _q_is_one)
+    else:
+        original = DraftTree.ancestor_matrix
+
+        def sibling_visible(tree):  # nodes also see every node of their own depth
+            depth = tree.depths
+            return original(tree) | (depth[:, None] == depth[None, :])
+
+        monkeypatch.setattr(DraftTree, "ancestor_matrix", sibling_visible)
+    params = SamplingParams(1.0)
+    counts = sample_counts(target, METHODS[method], params, 2500, seed=13, draft=draft, head=head)
+    assert chi_square_p(counts, exact_distribution(target, params)) < REJECT_P
+
+
+# ---- rule-level certification: accept_stochastic alone, many samples ----
+
+def _random_dist(gen, peak=3.0):
+    return torch.softmax(torch.randn(VOCAB, generator=gen) * peak, -1)
+
+
+def _rule_distribution(tree: DraftTree, p_target: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Empirical distribution of the first emitted token."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(VOCAB)
+    for _ in range(n):
+        path, bonus = accept_stochastic(tree, p_target, gen)
+        counts[int(tree.tokens[path[0]]) if path else bonus] += 1
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["deterministic_siblings", "sampled_chain", "sampled_siblings"])
+def test_rule_first_token_is_target_distribution(kind):
+    gen = torch.Generator().manual_seed(0)
+    p_root = _random_dist(gen)
+    if kind == "deterministic_siblings":  # EAGLE: top-3 of a draft distribution, tried in order
+        q = _random_dist(gen)
+        kids = torch.topk(q, 3).indices.tolist()
+        tree = DraftTree(torch.tensor([0, *kids]), torch.tensor([-1, 0, 0, 0]))
+    else:  # SpS-style: candidates sampled from q
+        q = _random_dist(gen)
+        n_kids = 1 if kind == "sampled_chain" else 3
+        kids = torch.multinomial(q, n_kids, replacement=True, generator=gen).tolist()
+        tree = DraftTree(torch.tensor([0, *kids]), torch.tensor([-1] + [0] * n_kids),
+                         q_draft=torch.stack([torch.zeros(VOCAB)] + [q] * n_kids))
+    p_target = torch.stack([p_root] + [_random_dist(gen) for _ in kids])
+    if kind != "deterministic_siblings":
+        # a sampled candidate is itself random: every sample draws fresh candidates (independent samples)
+        counts = torch.zeros(VOCAB)
+        for _ in range(20000):
+            cands = torch.multinomial(q, len(kids), replacement=True, generator=gen).tolist()
+            fresh = DraftTree(torch.tensor([0, *cands]), tree.parents, q_draft=tree.q_draft)
+            path, bonus = accept_stochastic(fresh, p_target, gen)
+            counts[cands[path[0] - 1] if path else bonus] += 1
+    else:
+        counts = _rule_distribution(tree, p_target, 40000, seed=1)
+    assert chi_square_p(counts, p_root) > PASS_P

@@ -1,0 +1,51 @@
+"""Every config composes; unknown names are refused with the valid choices listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def group_names(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", group_names("model"))
+@pytest.mark.parametrize("method", group_names("method"))
+def test_model_method_compose(model, method):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"model={model}", f"method={method}"])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["method"]["name"] == method
+    assert resolved["model"]["name"] == model
+    assert resolved["model"]["head"] and resolved["model"]["template"]
+    if method == "eagle2":
+        assert resolved["method"]["total_tokens"] >= 1
+
+
+@pytest.mark.parametrize("dataset", group_names("dataset"))
+def test_dataset_compose(dataset):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"dataset={dataset}", "dataset.limit=3"])
+    assert cfg.dataset.name == dataset and cfg.max_new_tokens == cfg.dataset.max_new_tokens
+
+
+def test_gpu_models_carry_paper_settings():
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["model=vicuna7b"])
+    assert cfg.method.total_tokens == 60 and cfg.method.depth == 6 and cfg.method.top_k == 10
+    assert cfg.model.head == "yuhuili/EAGLE-Vicuna-7B-v1.3" and cfg.model.sps_draft == "double7/vicuna-68m"
+    assert cfg.model.dtype == "float16" and cfg.model.device == "cuda"
+
+
+def test_unknown_names_list_valid_choices():
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        with pytest.raises(MissingConfigException) as err:
+            compose("config", overrides=["method=nonsense"])
+    assert "eagle2" in str(err.value) and "plain" in str(err.value)

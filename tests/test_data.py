@@ -1,0 +1,45 @@
+"""Benchmark loading through `datasets`, chat templates, and the training prompt filter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle2.chat import render
+from eagle2.data import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
+from eagle2.training.corpus import training_prompts
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_shipped_benchmarks_have_80_questions(name):
+    qs = load_questions(benchmark_file(name))
+    assert len(qs) == 80
+    assert all(q["turns"] and isinstance(q["turns"][0], str) for q in qs)
+    assert {len(q["turns"]) for q in qs} == ({2} if name == "mt_bench" else {1})
+
+
+def test_limit_and_custom_jsonl(tmp_path):
+    assert [q["question_id"] for q in load_questions(benchmark_file("gsm8k"), 3)] == [
+        q["question_id"] for q in load_questions(benchmark_file("gsm8k"))[:3]]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) for i in range(4)))
+    assert [q["turns"] for q in load_questions(path, 2)] == [["q0"], ["q1"]]
+    with pytest.raises(FileNotFoundError):
+        load_questions(tmp_path / "missing.jsonl")
+
+
+def test_training_prompts_exclude_every_benchmark_question():
+    prompts = training_prompts(PROJECT_ROOT / "data" / "train" / "alpaca_5000.json")
+    held_out = all_benchmark_questions()
+    assert 4900 < len(prompts) < 5000
+    assert not held_out & set(prompts)
+
+
+def test_chat_templates():
+    v = render("vicuna", ["Hi", "More"], ["Hello"], None)
+    assert v.startswith("A chat between") and "USER: Hi ASSISTANT: Hello</s>USER: More ASSISTANT:" in v
+    l2 = render("llama2", ["Hi"], [], "Be nice")
+    assert l2 == "[INST] <<SYS>>\nBe nice\n<</SYS>>\n\nHi [/INST]"
+    l3 = render("llama3", ["Hi"], [], None)
+    assert l3.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n") and "user<|end_header_id|>\n\nHi" in l3

@@ -1,0 +1,97 @@
+"""End-to-end runs on the real SmolLM2: rows, resume, multi-turn, per-node records, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from eagle2.head import save_head
+from eagle2.runner import run
+from tests.conftest import tiny_head
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW_FIELDS = {"question_id", "turn", "dataset", "model", "method", "temperature", "seed", "new_tokens",
+              "wall_time_s", "prefill_time_s", "target_forwards", "accept_lengths", "output_ids",
+              "output_text", "config_hash"}
+
+
+def config(*overrides):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=["logger=none", "warmup_tokens=0", *overrides])
+
+
+def rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.rglob("*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def test_plain_rows_and_resume(tmp_path):
+    cfg = config("method=plain", "dataset=gsm8k", "dataset.limit=3", "max_new_tokens=6", f"paths.results={tmp_path}")
+    run(cfg)
+    first = rows(tmp_path)
+    assert len(first) == 3 and all(ROW_FIELDS <= set(r) for r in first)
+    assert all(r["status"] == "ok" and r["new_tokens"] == len(r["output_ids"]) <= 6 for r in first)
+    assert all(r["accept_lengths"] == [1] * (r["new_tokens"] - 1) for r in first)
+    run(cfg)  # the same config again: nothing new
+    assert len(rows(tmp_path)) == 3
+    run(config("method=plain", "dataset=gsm8k", "dataset.limit=4", "max_new_tokens=6", f"paths.results={tmp_path}"))
+    assert len(rows(tmp_path)) == 4  # a larger limit adds only the new question
+
+
+def test_eagle2_multiturn_matches_plain_and_writes_node_records(tmp_path, smollm2):
+    head_dir = save_head(tiny_head(smollm2[0]), tmp_path / "head")
+    common = ["dataset=mt_bench", "dataset.limit=1", "max_new_tokens=12", f"paths.results={tmp_path / 'r'}",
+              f"model.head={head_dir}"]
+    run(config("method=plain", *common))
+    run(config("method=eagle2", "method.total_tokens=6", "method.depth=3", "method.top_k=3", *common))
+    by_method = {}
+    for r in rows(tmp_path / "r"):
+        by_method.setdefault(r["method"], {})[r["turn"]] = r
+    assert set(by_method["eagle2"]) == {0, 1}  # both MT-bench turns
+    for turn in (0, 1):
+        assert by_method["eagle2"][turn]["output_ids"] == by_method["plain"][turn]["output_ids"]
+    nodes = pd.read_parquet(next((tmp_path / "r").rglob("eagle2-*.nodes")))
+    assert {"depth", "rank", "confidence", "value", "tree_index", "accepted", "round", "question_id"} <= set(nodes)
+    assert len(nodes) > 0 and nodes["depth"].max() <= 3
+
+
+def test_too_long_prompt_is_a_failed_row_and_run_continues(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "turns": ["word " * 400]}) + "\n"
+                    + json.dumps({"question_id": 2, "turns": ["Hi"]}) + "\n")
+    cfg = config("method=plain", f"dataset.path={data}", "max_new_tokens=4", "model.max_context=128",
+                 f"paths.results={tmp_path / 'r'}")
+    run(cfg)
+    got = {r["question_id"]: r for r in rows(tmp_path / "r")}
+    assert got[1]["status"] == "failed" and "context" in got[1]["error"]
+    assert got[2]["status"] == "ok"
+
+
+def test_cli_runs_and_rejects_unknown_names(tmp_path):
+    ok = subprocess.run([sys.executable, "run.py", "method=plain", "dataset=nq", "dataset.limit=1",
+                         "max_new_tokens=3", "logger=none", f"paths.results={tmp_path}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    assert "summary" in ok.stdout and len(rows(tmp_path)) == 1
+    bad = subprocess.run([sys.executable, "run.py", "model=gpt5"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode != 0 and "smollm2" in bad.stderr and "vicuna7b" in bad.stderr
+
+
+def test_wandb_offline_logging(tmp_path):
+    cfg = config("method=plain", "dataset=nq", "dataset.limit=1", "max_new_tokens=3", "logger=wandb",
+                 f"paths.results={tmp_path}")
+    run(cfg)
+    assert list((tmp_path / "wandb").rglob("*.wandb"))
+
+
+def test_missing_head_is_a_clear_error(tmp_path):
+    cfg = config("method=eagle2", "dataset=nq", "dataset.limit=1", f"model.head={tmp_path / 'nope'}",
+                 f"paths.results={tmp_path}")
+    with pytest.raises(Exception, match="nope"):
+        run(cfg)
