@@ -7,6 +7,7 @@ from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle_static import EagleStaticDrafter
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.drafters.sps import SpsDrafter
+from eagle2.models import resolve_dtype
 
 METHODS = ("plain", "sps", "eagle", "eagle2")
 
@@ -21,9 +22,12 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
         return SpsDrafter(draft_model, params, int(method_cfg.k), generator)
     if name in ("eagle", "eagle2") and head is None:
         raise ValueError(f"method={name} needs an EAGLE head (model.head)")
+    lm_dtype = resolve_dtype(method_cfg.draft_lm_head_dtype) if method_cfg.get("draft_lm_head_dtype") else None
     if name == "eagle":
-        return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices))
+        return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices),
+                                  lm_head_dtype=lm_dtype)
     if name == "eagle2":
         return Eagle2Drafter(head, target.lm_head, target.device, depth=int(method_cfg.depth),
-                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens))
+                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens),
+                             lm_head_dtype=lm_dtype)
     raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

@@ -16,8 +16,9 @@ from eagle2.tree import DraftTree
 
 
 class Eagle2Drafter(HeadRunner):
-    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int):
-        super().__init__(head, lm_head, device)
+    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
+                 lm_head_dtype: torch.dtype | None = None):
+        super().__init__(head, lm_head, device, lm_head_dtype)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens

@@ -11,6 +11,7 @@ own fed ancestors. Tree entries are dropped from the head cache at the next catc
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -18,12 +19,33 @@ from eagle2.cache import crop, new_cache
 from eagle2.head import causal_mask
 
 
+_LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None) -> torch.nn.Linear:
+    """The target's LM head, or a cached copy in ``dtype`` (e.g. bf16, cheaper on CPU) for drafting
+    only: verification keeps the target's own, so this can change draft quality, never the output."""
+    if dtype is None or dtype == lm_head.weight.dtype:
+        return lm_head
+    copies = _LM_HEAD_COPIES.setdefault(lm_head, {})
+    if dtype not in copies:
+        copy = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
+                               device=lm_head.weight.device, dtype=dtype)
+        with torch.no_grad():
+            copy.weight.copy_(lm_head.weight)
+            if lm_head.bias is not None:
+                copy.bias.copy_(lm_head.bias)
+        copies[dtype] = copy.requires_grad_(False)
+    return copies[dtype]
+
+
 class HeadRunner:
     needs_hidden = True
 
-    def __init__(self, head, lm_head, device):
-        self.head, self.lm_head, self.device = head, lm_head, device
+    def __init__(self, head, lm_head, device, lm_head_dtype: torch.dtype | None = None):
+        self.head, self.device = head, device
         self.dtype = next(head.parameters()).dtype
+        self.lm_head = drafting_lm_head(lm_head, lm_head_dtype)
         self.forward_time = 0.0
 
     # -- committed context -------------------------------------------------------------------
@@ -62,7 +84,7 @@ class HeadRunner:
     # -- the draft tree ----------------------------------------------------------------------
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        logits = self.lm_head(features).float()
+        logits = self.lm_head(features.to(self.lm_head.weight.dtype)).float()
         self.forward_time += time.perf_counter() - t0
         return torch.log_softmax(logits, dim=-1)
 

@@ -13,8 +13,9 @@ from eagle2.tree import DraftTree
 
 
 class EagleStaticDrafter(HeadRunner):
-    def __init__(self, head, lm_head, device, *, choices: list[list[int]]):
-        super().__init__(head, lm_head, device)
+    def __init__(self, head, lm_head, device, *, choices: list[list[int]],
+                 lm_head_dtype: torch.dtype | None = None):
+        super().__init__(head, lm_head, device, lm_head_dtype)
         paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
         if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
             raise ValueError("method.choices must be non-empty paths of non-negative ranks")

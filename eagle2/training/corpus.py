@@ -98,8 +98,9 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
 
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
-                 temperature: float, samples_per_prompt: int, seed: int) -> Path:
-    """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard."""
+                 temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None) -> Path:
+    """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
+    seeded random order; ``max_batches`` stops after that many (a reproducible random subset)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     encoded = []
@@ -115,6 +116,10 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
     done = sum(1 for b in range(len(batches)) if (out / f"shard_{b:05d}.safetensors").exists())
     bar = tqdm(total=len(batches), initial=done, desc="self-distillation batches")
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+    if max_batches is not None:
+        order = order[:max_batches]
+        bar.total = len(order)
+        bar.n = sum(1 for b in order if (out / f"shard_{b:05d}.safetensors").exists())
     for b in order:  # random order: a partial corpus is an unbiased sample of the prompts
         batch = batches[b]
         path = out / f"shard_{b:05d}.safetensors"

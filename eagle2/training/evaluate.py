@@ -1,0 +1,197 @@
+"""Held-out evaluation of EAGLE heads and SpS draft models against the target's greedy answers.
+
+Two measures, on sequences in the corpus format (the target's own greedy answers with its features):
+
+- teacher forcing: top-1 / top-4 agreement of the drafter's next-token distribution with the target's
+  next token ``argmax(lm_head(f))`` at every answer position, given the true prefix;
+- greedy chain drafting: from anchor positions ``j`` (the target has just produced ``t[j+1]``) the
+  drafter runs ``depth`` steps on its own outputs (the head on its own predicted features and argmax
+  tokens, over a KV cache of the true prefix) and its tokens are compared with the true continuation
+  ``t[j+2..]`` (the corpus answers are greedy, so they are the target's continuation). Reported:
+  ``P(accepted length >= d)`` for ``d = 1..depth`` and the chain ``tau = 1 + sum_d P(len >= d)``,
+  the expected tokens per target forward of chain speculative decoding with this drafter.
+
+All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
+and its own earlier drafts through a 4D mask. ``build_mtbench_heldout`` answers the MT-bench first
+turns greedily with the target, the headline held-out set.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from eagle2.cache import forward_target, new_cache
+from eagle2.head import causal_mask
+from eagle2.training.train import LossProjection, Sequence, draft_loss, evaluate_loss, head_loss
+
+
+def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None) -> list[int]:
+    """Anchors ``j`` with ``t[j+1]`` an answer token (or the first) and ``depth`` true tokens after."""
+    anchors = list(range(max(start - 1, 0), n - 1 - depth, max(1, stride)))
+    return anchors[:limit] if limit else anchors
+
+
+def chain_mask(n_true: int, last_true: torch.Tensor, steps_done: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive (1, 1, A, n_true + (steps_done+1) * A) mask for A parallel chains: query ``a`` sees true
+    keys ``0..last_true[a]``, its own ``steps_done`` earlier drafts and itself."""
+    a = len(last_true)
+    device = last_true.device
+    true_part = torch.arange(n_true, device=device)[None] <= last_true[:, None]
+    own = torch.eye(a, dtype=torch.bool, device=device).repeat(1, steps_done + 1)
+    allowed = torch.cat([true_part, own], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+@torch.no_grad()
+def head_chain(head, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by an EAGLE head from each anchor."""
+    device, dtype = head.fc.weight.device, head.fc.weight.dtype
+    tokens, feats = seq.tokens.to(device), seq.features.to(device, dtype)
+    n_true = len(tokens) - 1  # head position k holds the pair (t[k+1], f[k])
+    anchor = torch.tensor(anchors, device=device)
+    cache = new_cache(head)
+    out = head(tokens[None, 1:], feats[None, :-1], position_ids=torch.arange(n_true, device=device)[None],
+               attention_mask=causal_mask(n_true, 0, dtype, device), cache=cache)
+    f_hat = out[0, anchor]
+    tok = proj(f_hat).argmax(-1)
+    drafts = [tok]
+    for d in range(1, depth):
+        out = head(tok[None], f_hat[None], position_ids=(anchor + d)[None],
+                   attention_mask=chain_mask(n_true, anchor, d - 1, dtype), cache=cache)
+        f_hat = out[0]
+        tok = proj(f_hat).argmax(-1)
+        drafts.append(tok)
+    return torch.stack(drafts, dim=1)
+
+
+@torch.no_grad()
+def draft_chain(draft, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by a causal-LM draft model from each anchor."""
+    device = next(draft.parameters()).device
+    dtype = next(draft.parameters()).dtype
+    tokens = seq.tokens.to(device)
+    n_true = len(tokens)  # the draft reads t[0..j+1] itself
+    last = torch.tensor(anchors, device=device) + 1
+    cache = new_cache(draft)
+    hidden = forward_target(draft, tokens[None], cache, position_ids=torch.arange(n_true, device=device)[None])
+    tok = proj(hidden[0, last]).argmax(-1)
+    drafts = [tok]
+    for d in range(1, depth):
+        hidden = forward_target(draft, tok[None], cache, attention_mask=chain_mask(n_true, last, d - 1, dtype),
+                                position_ids=(last + d)[None])
+        tok = proj(hidden[0]).argmax(-1)
+        drafts.append(tok)
+    return torch.stack(drafts, dim=1)
+
+
+def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: int = 4,
+                     max_anchors_per_sequence: int | None = 64) -> dict:
+    """P(accepted length >= d), d = 1..depth, and tau over all anchors of ``seqs``."""
+    counts = torch.zeros(depth + 1, dtype=torch.long)  # counts[k]: anchors with accepted length k
+    for seq in seqs:
+        anchors = chain_anchors(len(seq.tokens), seq.start, depth, stride, max_anchors_per_sequence)
+        if not anchors:
+            continue
+        drafted = chain_fn(seq, anchors, depth).cpu()
+        idx = torch.tensor(anchors)[:, None] + 2 + torch.arange(depth)[None]
+        match = (drafted == seq.tokens[idx]).long()
+        accepted = match.cumprod(dim=1).sum(dim=1)
+        counts += torch.bincount(accepted, minlength=depth + 1)
+    total = int(counts.sum())
+    at_least = [float(counts[d:].sum()) / max(total, 1) for d in range(1, depth + 1)]
+    return {"anchors": total, "accept_ge": {str(d): p for d, p in zip(range(1, depth + 1), at_least)},
+            "tau": 1.0 + sum(at_least)}
+
+
+def _tf_settings(cfg) -> dict:
+    return {"token_budget": cfg.get("token_budget", 2048), "max_batch": cfg.get("max_batch", 16),
+            "max_sequences": cfg.get("max_sequences")}
+
+
+def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
+    """Teacher-forced top-1/top-4 and greedy-chain acceptance of an EAGLE head on ``seqs``."""
+    seqs = seqs[: cfg.get("max_sequences")] if cfg.get("max_sequences") else seqs
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    head.eval()
+    tf = evaluate_loss(head, partial(head_loss, proj=proj, noise=0.0, w_reg=1.0, w_cls=0.1), seqs,
+                       device=head.fc.weight.device, **_tf_settings(cfg))
+    chain = chain_acceptance(partial(head_chain, head, proj), seqs, depth=cfg.get("depth", 5),
+                             stride=cfg.get("stride", 4),
+                             max_anchors_per_sequence=cfg.get("max_anchors_per_sequence", 64))
+    return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
+
+
+def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
+    """Teacher-forced top-1/top-4 and greedy-chain acceptance of an SpS draft model on ``seqs``."""
+    seqs = seqs[: cfg.get("max_sequences")] if cfg.get("max_sequences") else seqs
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    own = LossProjection(draft.get_output_embeddings(), torch.float32)
+    draft.eval()
+    tf = evaluate_loss(draft, partial(draft_loss, proj=proj, draft_proj=own), seqs,
+                       device=next(draft.parameters()).device, **_tf_settings(cfg))
+    chain = chain_acceptance(partial(draft_chain, draft, own), seqs, depth=cfg.get("depth", 5),
+                             stride=cfg.get("stride", 4),
+                             max_anchors_per_sequence=cfg.get("max_anchors_per_sequence", 64))
+    return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
+
+
+def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: str, system_prompt: str | None,
+                          max_new_tokens: int, batch_size: int = 16, limit: int | None = None,
+                          benchmark: str = "mt_bench", benchmarks_dir: str | Path | None = None) -> Path:
+    """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
+    (resumable; reused when already complete)."""
+    from eagle2.data import benchmark_file, load_questions
+    from eagle2.training.corpus import build_corpus
+
+    questions = load_questions(benchmark_file(benchmark, benchmarks_dir), limit)
+    prompts = [q["turns"][0] for q in questions]
+    return build_corpus(target, tokenizer, prompts, out_dir, template=template, system_prompt=system_prompt,
+                        batch_size=batch_size, max_new_tokens=max_new_tokens, max_prompt_tokens=1 << 30,
+                        temperature=0.0, samples_per_prompt=1, seed=0)
+
+
+def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") -> Path:
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=2))
+    return path
+
+
+def eval_stage(target, tokenizer, cfg, root: Path, kinds=("head", "draft")) -> dict:
+    """Evaluate the exported head / draft on the Alpaca held-out shards and on MT-bench first turns
+    (answered greedily by the target); write ``eval.json`` next to each artifact."""
+    from omegaconf import OmegaConf
+
+    from eagle2.draft_model import load_draft_model
+    from eagle2.head import load_head
+    from eagle2.training.train import all_sequences, load_sequences, split_shards
+
+    ev, export = cfg.train.eval, cfg.train.export
+    _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.get("val_fraction", 0.03))
+    mt = ev.mtbench
+    mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,
+                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
+                                   batch_size=mt.batch_size, limit=mt.get("limit"))
+    sets = {"mt_bench": all_sequences(mt_dir), "alpaca_heldout": load_sequences(val_paths)}
+    settings = OmegaConf.to_container(ev)
+    results = {}
+    for kind in kinds:
+        folder = root / (export.head if kind == "head" else export.draft)
+        if kind == "head":
+            model, fn = load_head(folder, target), evaluate_head
+        else:
+            model, fn = load_draft_model(str(folder), target), evaluate_draft
+        metrics = {"target": cfg.model.name, "artifact": str(folder), "settings": settings}
+        for name, seqs in sets.items():
+            metrics[name] = fn(model, target, seqs, ev)
+            chain, tf = metrics[name]["chain"], metrics[name]["teacher_forced"]
+            print(f"[eval] {kind} on {name}: top1={tf.get('top1', 0):.3f} top4={tf.get('top4', 0):.3f} "
+                  f"chain tau={chain['tau']:.3f} ({chain['anchors']} anchors)", flush=True)
+        write_eval_json(folder, metrics)
+        results[kind] = metrics
+    return results
