@@ -37,7 +37,7 @@ def test_forward_that_raises_leaves_cache_unchanged():
     forward_target(model, torch.tensor([[3, 4, 5]]), cache)
     before = [layer.keys.clone() for layer in cache.layers]
     bad_mask = torch.zeros(1, 1, 2, 99)  # wrong key length: the attention raises after some layers ran
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):
         forward_target(model, torch.tensor([[6, 7]]), cache, attention_mask=bad_mask,
                        position_ids=torch.tensor([[3, 4]]))
     assert cache_length(cache) == 3

@@ -10,8 +10,6 @@ far more samples.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from omegaconf import OmegaConf

@@ -18,7 +18,6 @@ import torch
 from eagle2.cache import crop, new_cache
 from eagle2.head import causal_mask
 
-
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from eagle2.cache import new_cache, forward_target
+from eagle2.cache import forward_target, new_cache
 from eagle2.chat import encode_conversation
 from eagle2.data import all_benchmark_questions
 
