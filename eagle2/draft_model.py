@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+
 log = logging.getLogger(__name__)
 
 MARKER = "eagle2_sps_draft"
 SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def draft_config(target_config, num_layers: int) -> LlamaConfig:
@@ -103,17 +104,6 @@ def _is_shared_format(folder: Path) -> bool:
     return config.is_file() and MARKER in json.loads(config.read_text())
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
-
-
 def _load_shared_format(folder: Path, target) -> LlamaForCausalLM:
     raw = json.loads((folder / "config.json").read_text())
     raw.pop(MARKER)
@@ -123,16 +113,8 @@ def _load_shared_format(folder: Path, target) -> LlamaForCausalLM:
         raise ValueError(f"SpS draft {folder}: hidden_size {config.hidden_size} does not match the "
                          f"target's {target.config.hidden_size}")
     draft = _new_draft(config, target)
-    state = _read_weights(folder)
-    expected = own_state_dict(draft)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise KeyError(f"SpS draft {folder}: missing keys {missing}, unexpected keys {unexpected}")
-    for key, value in state.items():
-        if value.shape != expected[key].shape:
-            raise ValueError(f"SpS draft {folder}: {key} has shape {tuple(value.shape)}, "
-                             f"expected {tuple(expected[key].shape)}")
+    state = read_weights(folder)
+    check_state(f"SpS draft {folder}", state, own_state_dict(draft))
     draft.load_state_dict(state, strict=False)  # the shared keys stay the target's
     return draft
 

@@ -25,8 +25,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from eagle2.cache import cache_kwargs
-
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
 
 
 class EagleHead(nn.Module):
@@ -95,17 +94,6 @@ def _read_config(folder: Path) -> tuple[LlamaConfig, bool]:
     return LlamaConfig(**raw), bias
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
-
-
 def _local_folder(location: str) -> Path:
     path = Path(location)
     if path.is_dir():
@@ -128,17 +116,10 @@ def load_head(location: str | Path, target) -> EagleHead:
     config, bias = _read_config(folder)
     config._attn_implementation = getattr(target.config, "_attn_implementation", "sdpa")
     head = EagleHead(config, bias=bias)
-    state = _read_weights(folder)
+    state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     expected = head.state_dict()
-    missing = sorted(set(expected) - set(state) - {k for k in expected if "rotary" in k})
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise KeyError(f"EAGLE head {folder}: missing keys {missing}, unexpected keys {unexpected}")
-    for key, value in state.items():
-        if value.shape != expected[key].shape:
-            raise ValueError(f"EAGLE head {folder}: {key} has shape {tuple(value.shape)}, "
-                             f"expected {tuple(expected[key].shape)}")
+    check_state(f"EAGLE head {folder}", state, expected, optional={k for k in expected if "rotary" in k})
     head.load_state_dict(state, strict=False)  # rotary buffers are computed, not stored
     if embed is not None:
         own = nn.Embedding(*embed.shape)
