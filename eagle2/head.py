@@ -12,6 +12,8 @@ Checkpoint format (a folder, local or a hub id): ``config.json`` = a LlamaConfig
 ``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
 ``layers.0.post_attention_layernorm.weight`` and optionally ``embed_tokens.weight`` (the target's
 embedding is used when absent). Loading is strict, never runs pickled code, and names a bad key.
+Our one extension is optional: ``draft_vocab.safetensors`` (``token_ids``: the target's tokens ordered
+by frequency in the head's training answers), for drafting over a reduced vocabulary.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from eagle2.cache import cache_kwargs
 from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
 
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
+
 
 class EagleHead(nn.Module):
     def __init__(self, config: LlamaConfig, bias: bool = True):
@@ -39,6 +43,7 @@ class EagleHead(nn.Module):
         self.layers[0].input_layernorm = nn.Identity()  # absent in the published heads
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self._embed: list[nn.Module] = []  # the target's embedding, kept out of the state dict
+        self.draft_vocab: torch.Tensor | None = None  # token ids by training frequency (optional)
 
     def attach_embedding(self, embed_tokens: nn.Module) -> "EagleHead":
         self._embed = [embed_tokens]
@@ -103,7 +108,7 @@ def _local_folder(location: str) -> Path:
     from eagle2.models import ModelUnavailableError
 
     try:
-        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
+        return Path(snapshot_download(location, allow_patterns=["config.json", DRAFT_VOCAB_FILE, *WEIGHT_FILES]))
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
         raise ModelUnavailableError(
             f"cannot load EAGLE head {location!r}: not a local folder and the hub is unreachable "
@@ -128,6 +133,10 @@ def load_head(location: str | Path, target) -> EagleHead:
         head.attach_embedding(own.to(target.device, target.dtype))
     else:
         head.attach_embedding(target.get_input_embeddings())
+    if (folder / DRAFT_VOCAB_FILE).is_file():
+        from safetensors.torch import load_file
+
+        head.draft_vocab = load_file(str(folder / DRAFT_VOCAB_FILE))["token_ids"].long()
     return head.to(target.device, target.dtype).eval()
 
 
@@ -144,4 +153,6 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = N
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
              if "rotary" not in k}
     save_file(state, str(folder / "model.safetensors"))
+    if head.draft_vocab is not None:
+        save_file({"token_ids": head.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
     return folder

@@ -3,7 +3,8 @@ decoded and stored as a row. ``run.py`` is a thin wrapper over ``run``.
 
 Multi-turn questions (MT-bench) see the model's own earlier answers through the chat template.
 Finished turns are skipped on a rerun; a turn that fails (a prompt longer than the context, an
-error in a forward) is stored as a failed row with its error, and the run goes on.
+error in a forward) is stored as a failed row with its error, and the run goes on. A run that fails
+as a whole is stored by ``record_cell_failure`` (called from ``run.py``) as a row with no question.
 """
 
 from __future__ import annotations
@@ -127,6 +128,28 @@ def failed_row(cfg, chash, question, turn, exc: Exception) -> dict:
             "model": cfg.model.name, "method": cfg.method.name, "temperature": float(cfg.temperature),
             "seed": int(cfg.seed), "config_hash": chash, "status": "failed",
             "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time()}
+
+
+def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
+    """Store a run that failed as a whole as one failed row with no question or turn; return where.
+
+    Finished rows are untouched and the next run of the config tries again. When even the store
+    cannot be written (say, a broken config), nothing is stored and the reason is returned instead.
+    """
+    import traceback
+
+    try:
+        chash = config_hash(cfg)
+        store = ResultStore(cfg.paths.results, cfg.dataset.name, cfg.model.name, cfg.method.name, chash)
+        row = {"question_id": None, "turn": None, "dataset": cfg.dataset.name, "model": cfg.model.name,
+               "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
+               "config_hash": chash, "status": "failed", "scope": "cell", "error": f"{type(exc).__name__}: {exc}",
+               "traceback": "".join(traceback.format_exception(exc)), "timestamp": time.time()}
+        store.append(row)
+        return str(store.rows_path)
+    except Exception as store_exc:  # the failure is still reported by the caller
+        log.error("could not record the failure: %s", store_exc)
+        return f"nowhere: {type(store_exc).__name__}: {store_exc}"
 
 
 def run(cfg: DictConfig) -> dict:

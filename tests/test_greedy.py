@@ -107,3 +107,20 @@ def test_speculative_equals_plain_on_smollm2(smollm2, name):
         draft = model if name == "sps" else None  # the target as its own draft: drafts mostly accepted
         out = decode(model, SPEC_METHODS[name], prompt, 20, head=head, draft=draft, eos={tok.eos_token_id})
         assert out.output_ids == ref
+
+
+def test_reduced_draft_vocabulary_stays_lossless(tiny):
+    target, _, head = tiny
+    head.draft_vocab = torch.tensor([5, 3, 9, 1, 12, 7])  # drafts only ever use these tokens
+    try:
+        method = {**SPEC_METHODS["eagle2"], "draft_vocab_size": 4, "draft_lm_head_dtype": "bfloat16"}
+        for prompt in PROMPTS:
+            ref = decode(target, {"name": "plain"}, prompt, 30).output_ids
+            out = decode(target, method, prompt, 30, head=head)
+            assert out.output_ids == ref
+        drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head)
+        hidden = target.model(torch.tensor([PROMPTS[1]])).last_hidden_state[0].detach()
+        drafter.start(PROMPTS[1], 2, hidden)
+        assert set(drafter.propose(2, room=50).tokens[1:].tolist()) <= {5, 3, 9, 1}
+    finally:
+        head.draft_vocab = None

@@ -12,6 +12,15 @@ from eagle2.models import resolve_dtype
 METHODS = ("plain", "sps", "eagle", "eagle2")
 
 
+def draft_vocabulary(head, size):
+    """The ``size`` most frequent token ids of the head's shipped draft vocabulary (None = full vocab)."""
+    if not size:
+        return None
+    if getattr(head, "draft_vocab", None) is None:
+        raise ValueError("method.draft_vocab_size is set but this EAGLE head ships no draft_vocab.safetensors")
+    return head.draft_vocab[: int(size)]
+
+
 def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None):
     name = method_cfg.name
     if name == "plain":
@@ -22,12 +31,12 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
         return SpsDrafter(draft_model, params, int(method_cfg.k), generator)
     if name in ("eagle", "eagle2") and head is None:
         raise ValueError(f"method={name} needs an EAGLE head (model.head)")
-    lm_dtype = resolve_dtype(method_cfg.draft_lm_head_dtype) if method_cfg.get("draft_lm_head_dtype") else None
+    drafting = {"lm_head_dtype": resolve_dtype(method_cfg.draft_lm_head_dtype)
+                if method_cfg.get("draft_lm_head_dtype") else None,
+                "vocab": draft_vocabulary(head, method_cfg.get("draft_vocab_size"))}
     if name == "eagle":
-        return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices),
-                                  lm_head_dtype=lm_dtype)
+        return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices), **drafting)
     if name == "eagle2":
         return Eagle2Drafter(head, target.lm_head, target.device, depth=int(method_cfg.depth),
-                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens),
-                             lm_head_dtype=lm_dtype)
+                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens), **drafting)
     raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

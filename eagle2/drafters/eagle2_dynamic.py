@@ -16,9 +16,8 @@ from eagle2.tree import DraftTree
 
 
 class Eagle2Drafter(HeadRunner):
-    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
-                 lm_head_dtype: torch.dtype | None = None):
-        super().__init__(head, lm_head, device, lm_head_dtype)
+    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int, **drafting):
+        super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
@@ -29,10 +28,10 @@ class Eagle2Drafter(HeadRunner):
         if budget < 1:
             return DraftTree.root_only(root)
         k = self.top_k
-        top = torch.topk(root_logp, k)
+        top_tokens, top_conf = self.top(root_logp, k)
         # columns of every drafted node, one tensor per layer; drafted index = position in the concatenation
-        tokens, parents, ranks = [top.indices.cpu()], [torch.full((k,), -1)], [torch.arange(k)]
-        log_conf, log_value, depth = [top.values.cpu()], [top.values.cpu()], [torch.ones(k, dtype=torch.long)]
+        tokens, parents, ranks = [top_tokens.cpu()], [torch.full((k,), -1)], [torch.arange(k)]
+        log_conf, log_value, depth = [top_conf.cpu()], [top_conf.cpu()], [torch.ones(k, dtype=torch.long)]
         start = 0  # drafted index of the newest layer's first node
         parent_fed = torch.full((k,), -1)  # fed index (in the head cache) of each newest-layer node's parent
         parent_feat = self.root_feature.expand(k, -1)
@@ -40,13 +39,13 @@ class Eagle2Drafter(HeadRunner):
             pick = torch.topk(log_value[-1], min(k, log_value[-1].shape[0])).indices.sort().values
             first_fed = len(self.fed_parent)
             logp, feats = self.expand(tokens[-1][pick].tolist(), parent_fed[pick].tolist(), d, parent_feat[pick])
-            child = torch.topk(logp, k, dim=-1)  # (n, k), siblings best-first
+            child_tokens, child_conf = self.top(logp, k)  # (n, k), siblings best-first
             n = pick.shape[0]
             parents.append((pick + start).repeat_interleave(k))
             start += log_value[-1].shape[0]
-            tokens.append(child.indices.reshape(-1).cpu())
+            tokens.append(child_tokens.reshape(-1).cpu())
             ranks.append(torch.arange(k).repeat(n))
-            log_conf.append(child.values.reshape(-1).cpu())
+            log_conf.append(child_conf.reshape(-1).cpu())
             log_value.append((log_value[-1][pick, None] + log_conf[-1].view(n, k)).reshape(-1))
             depth.append(torch.full((n * k,), d + 1))
             parent_fed = torch.arange(first_fed, first_fed + n).repeat_interleave(k)

@@ -21,30 +21,39 @@ from eagle2.head import causal_mask
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None) -> torch.nn.Linear:
-    """The target's LM head, or a cached copy in ``dtype`` (e.g. bf16, cheaper on CPU) for drafting
-    only: verification keeps the target's own, so this can change draft quality, never the output."""
-    if dtype is None or dtype == lm_head.weight.dtype:
+def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
+                     vocab: torch.Tensor | None = None) -> torch.nn.Linear:
+    """The LM head used for drafting: the target's own, or a cached copy restricted to the token ids
+    ``vocab`` (a reduced draft vocabulary) and/or cast to ``dtype`` (bf16 is cheaper on CPU).
+    Verification always uses the target's own head, so this changes draft quality, never the output:
+    a token outside ``vocab`` is simply never proposed."""
+    if (dtype is None or dtype == lm_head.weight.dtype) and vocab is None:
         return lm_head
+    dtype = dtype or lm_head.weight.dtype
+    key = (dtype, None if vocab is None else (len(vocab), int(vocab.sum())))
     copies = _LM_HEAD_COPIES.setdefault(lm_head, {})
-    if dtype not in copies:
-        copy = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
-                               device=lm_head.weight.device, dtype=dtype)
+    if key not in copies:
+        rows = slice(None) if vocab is None else vocab.to(lm_head.weight.device)
+        weight = lm_head.weight[rows]
+        copy = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=lm_head.bias is not None,
+                               device=weight.device, dtype=dtype)
         with torch.no_grad():
-            copy.weight.copy_(lm_head.weight)
+            copy.weight.copy_(weight)
             if lm_head.bias is not None:
-                copy.bias.copy_(lm_head.bias)
-        copies[dtype] = copy.requires_grad_(False)
-    return copies[dtype]
+                copy.bias.copy_(lm_head.bias[rows])
+        copies[key] = copy.requires_grad_(False)
+    return copies[key]
 
 
 class HeadRunner:
     needs_hidden = True
 
-    def __init__(self, head, lm_head, device, lm_head_dtype: torch.dtype | None = None):
+    def __init__(self, head, lm_head, device, lm_head_dtype: torch.dtype | None = None,
+                 vocab: torch.Tensor | None = None):
         self.head, self.device = head, device
         self.dtype = next(head.parameters()).dtype
-        self.lm_head = drafting_lm_head(lm_head, lm_head_dtype)
+        self.lm_head = drafting_lm_head(lm_head, lm_head_dtype, vocab)
+        self.vocab = None if vocab is None else vocab.to(device)
         self.forward_time = 0.0
 
     # -- committed context -------------------------------------------------------------------
@@ -81,7 +90,14 @@ class HeadRunner:
         return self.log_probs(out[-1:])[0]
 
     # -- the draft tree ----------------------------------------------------------------------
+    def top(self, log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely children along the last axis: (token ids, log-confidences), best first."""
+        top = torch.topk(log_probs, k, dim=-1)
+        tokens = top.indices if self.vocab is None else self.vocab[top.indices]
+        return tokens, top.values
+
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities over the drafting vocabulary (the full one unless reduced)."""
         t0 = time.perf_counter()
         logits = self.lm_head(features.to(self.lm_head.weight.dtype)).float()
         self.forward_time += time.perf_counter() - t0

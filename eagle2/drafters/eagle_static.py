@@ -13,9 +13,8 @@ from eagle2.tree import DraftTree
 
 
 class EagleStaticDrafter(HeadRunner):
-    def __init__(self, head, lm_head, device, *, choices: list[list[int]],
-                 lm_head_dtype: torch.dtype | None = None):
-        super().__init__(head, lm_head, device, lm_head_dtype)
+    def __init__(self, head, lm_head, device, *, choices: list[list[int]], **drafting):
+        super().__init__(head, lm_head, device, **drafting)
         paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
         if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
             raise ValueError("method.choices must be non-empty paths of non-negative ranks")
@@ -39,8 +38,8 @@ class EagleStaticDrafter(HeadRunner):
         for d in range(1, int(self.depth.max()) + 1):
             layer = (self.depth == d).nonzero()[:, 0]
             for i in layer.tolist():  # pick each node's token: rank-th best child of its parent
-                top = torch.topk(logp_of[int(self.parent[i])], self.max_rank)
-                tokens[i], log_conf[i] = top.indices[self.rank[i]], top.values[self.rank[i]]
+                top_tokens, top_conf = self.top(logp_of[int(self.parent[i])], self.max_rank)
+                tokens[i], log_conf[i] = top_tokens[self.rank[i]], top_conf[self.rank[i]]
             has_children = [i for i in layer.tolist() if (self.parent == i).any()]
             if not has_children:
                 break

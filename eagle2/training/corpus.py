@@ -131,3 +131,27 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
         bar.update(1)
     bar.close()
     return out
+
+
+def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
+    """Token ids that occur in the corpus answers, most frequent first (at most ``limit``): the
+    reduced draft vocabulary shipped with a head."""
+    counts = None
+    for shard in read_shards(folder):
+        tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]
+        for row in range(len(starts)):
+            answer = tokens[offsets[row] + starts[row]: offsets[row + 1]]
+            c = torch.bincount(answer, minlength=1)
+            counts = c if counts is None else _add_padded(counts, c)
+    if counts is None:
+        raise FileNotFoundError(f"no corpus shards in {folder}")
+    order = torch.argsort(counts, descending=True, stable=True)
+    return order[: min(limit, int((counts > 0).sum()))]
+
+
+def _add_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if len(a) < len(b):
+        a, b = b, a
+    a = a.clone()
+    a[: len(b)] += b
+    return a

@@ -516,6 +516,9 @@ def head_stage(target, cfg, root: Path) -> Path | None:
                                root / cfg.train.head.out_dir, stop_after=cfg.train.head.get("stop_after"))
     if summary["stopped"]:
         return None
+    from eagle2.training.corpus import tokens_by_frequency
+
+    head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
     dtype = export_dtype(head, cfg.train.export.head_max_mb)
     folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
     _check_size(folder, cfg.train.export.head_max_mb)
