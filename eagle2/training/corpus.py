@@ -98,9 +98,12 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
 
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
-                 temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None) -> Path:
+                 temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
+                 worker: int = 0, workers: int = 1) -> Path:
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
-    seeded random order; ``max_batches`` stops after that many (a reproducible random subset)."""
+    seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
+    ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
+    ``workers``-th batch of the order."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     encoded = []
@@ -120,7 +123,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
         order = order[:max_batches]
         bar.total = len(order)
         bar.n = sum(1 for b in order if (out / f"shard_{b:05d}.safetensors").exists())
-    for b in order:  # random order: a partial corpus is an unbiased sample of the prompts
+    for b in order[worker::workers]:  # random order: a partial corpus is an unbiased sample of the prompts
         batch = batches[b]
         path = out / f"shard_{b:05d}.safetensors"
         if path.exists():

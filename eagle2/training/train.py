@@ -490,7 +490,8 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
                         system_prompt=corpus_cfg.system_prompt, batch_size=corpus_cfg.batch_size,
                         max_new_tokens=corpus_cfg.max_new_tokens, max_prompt_tokens=corpus_cfg.max_prompt_tokens,
                         temperature=corpus_cfg.temperature, samples_per_prompt=corpus_cfg.samples_per_prompt,
-                        seed=corpus_cfg.seed, max_batches=corpus_cfg.get("max_batches"))
+                        seed=corpus_cfg.seed, max_batches=corpus_cfg.get("max_batches"),
+                        worker=corpus_cfg.get("worker", 0), workers=corpus_cfg.get("workers", 1))
 
 
 def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
