@@ -1,14 +1,28 @@
-"""Entry point: ``python run.py model=smollm2 method=eagle2 dataset=mt_bench`` (Hydra; ``-m`` sweeps)."""
+"""Entry point: ``python run.py model=smollm2 method=eagle2 dataset=mt_bench`` (Hydra; ``-m`` sweeps).
+
+A run that fails as a whole (a missing EAGLE head, out of memory while loading) is recorded in the
+results store as a failed cell. In a sweep (``-m``) the sweep then goes on to the next cell; a single
+run exits non-zero with one line naming the error.
+"""
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from eagle2.runner import run
+    from eagle2.runner import record_cell_failure, run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except Exception as exc:
+        where = record_cell_failure(cfg, exc)
+        message = f"[eagle2] run failed: {type(exc).__name__}: {exc} (recorded in {where})"
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise SystemExit(message) from exc
+        print(message + "; the sweep goes on", flush=True)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,92 @@ def acceptance_by_rank(nodes: pd.DataFrame) -> pd.DataFrame:
     tried = _with_parent_accepted(nodes)
     return tried.groupby(["method", "rank"]).agg(acceptance=("accepted", "mean"), count=("accepted", "size")
                                                  ).reset_index()
+
+
+# --- harness additions: failures, per-config settings, tree-budget lines ---------------------------------
+
+TREE_KEYS = ("total_tokens", "depth", "top_k")
+
+
+def load_failures(results: str | Path) -> pd.DataFrame:
+    """Failures still standing: cells that failed as a whole and question turns that failed.
+
+    A cell failure (``question_id`` None) counts until an ok row of the same config is stored after it;
+    a failed turn counts until that turn is stored ok. ``scope`` is 'cell' or 'turn'.
+    """
+    failed, ok_turns, last_ok = [], set(), {}
+    for path in sorted(Path(results).rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("status") == "ok":
+                ok_turns.add((row.get("config_hash"), row.get("question_id"), row.get("turn")))
+                chash = row.get("config_hash")
+                last_ok[chash] = max(last_ok.get(chash, 0.0), row.get("timestamp") or 0.0)
+            elif row.get("status") == "failed":
+                failed.append(row)
+    out = []
+    for row in failed:
+        cell = row.get("question_id") is None
+        if cell and (row.get("timestamp") or 0.0) < last_ok.get(row.get("config_hash"), -1.0):
+            continue
+        if not cell and (row.get("config_hash"), row["question_id"], row.get("turn")) in ok_turns:
+            continue
+        out.append({**{k: row.get(k) for k in GROUP + ["question_id", "turn", "error", "timestamp"]},
+                    "scope": "cell" if cell else "turn"})
+    cols = GROUP + ["scope", "question_id", "turn", "error", "timestamp"]
+    frame = pd.DataFrame(out, columns=cols)
+    if frame.empty:
+        return frame
+    # a cell failed again and again is one standing failure: keep its latest error
+    cells = frame[frame.scope == "cell"].sort_values("timestamp").drop_duplicates(GROUP, keep="last")
+    return pd.concat([cells, frame[frame.scope == "turn"]], ignore_index=True)[cols]
+
+
+def config_settings(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per config_hash: its method settings (from ``method_config``), flattened, plus sampling."""
+    if rows.empty:
+        return pd.DataFrame(columns=["config_hash"])
+    first = rows.drop_duplicates("config_hash")
+    out = []
+    for _, r in first.iterrows():
+        settings = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
+        out.append({"config_hash": r.config_hash, "method": r.method,
+                    **{k: v for k, v in settings.items() if k != "name"},
+                    **{f"sampling_{k}": r.get(k) for k in ("top_p", "top_k") if k in r},
+                    **({"seed": r.get("seed")} if "seed" in r else {})})
+    return pd.DataFrame(out)
+
+
+def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
+    """config_hash -> a readable label: the method name, plus the method settings that vary between
+    configs of that method (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
+    settings = config_settings(rows)
+    labels = {}
+    for method, g in settings.groupby("method", sort=False):
+        varying = [c for c in g.columns if c not in ("config_hash", "method")
+                   and g[c].astype(str).nunique(dropna=False) > 1]
+        for _, r in g.iterrows():
+            extra = ", ".join(f"{c}={_plain_value(r[c])}" for c in varying)
+            labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
+    return labels
+
+
+def _plain_value(value):
+    """8.0 -> 8 (pandas turns int settings into floats once another config lacks them)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def tree_budget_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """``method_table`` lines of EAGLE-2 configs with their tree settings (total_tokens, depth, top_k)."""
+    e2 = rows[rows.method == "eagle2"] if not rows.empty else rows
+    if e2.empty:
+        return pd.DataFrame()
+    table = method_table(rows)
+    table = table[table.method == "eagle2"].copy()
+    settings = config_settings(e2).set_index("config_hash")
+    for key in TREE_KEYS:
+        table[key] = table.config_hash.map(settings[key]) if key in settings else np.nan
+    return table.reset_index(drop=True)

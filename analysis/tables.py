@@ -1,0 +1,193 @@
+"""Table 1 of the EAGLE-2 paper from our rows: speedup / tau per method x benchmark, plus a Mean column,
+grouped by model and temperature, with the published numbers beside ours where the model matches.
+
+``table1_frame`` builds the numbers (long format, one line per table cell) from ``analysis.metrics``;
+``to_markdown`` and ``to_latex`` only lay them out. Published numbers come from
+``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import method_table, variant_labels
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "eagle2_table1.tsv"
+DATASETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq"]
+TITLES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
+          "cnn_dm": "CNN/DM", "nq": "NaturalQ", "mean": "Mean"}
+PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B", "llama2chat13b": "L2-13B"}
+PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
+METHOD_ORDER = ["sps", "eagle", "eagle2"]
+COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash"]
+
+
+def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
+    """The paper's Table 1, long: temperature, model (paper code), method (paper name), dataset, speedup, tau."""
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame(columns=["temperature", "model", "method", "dataset", "speedup", "tau"])
+    names = {v: k for k, v in TITLES.items()}
+    header = ["temp", "model", "method", *TITLES.values()]
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        cells = dict(zip(header, line.split("\t")))
+        for title in TITLES.values():
+            speedup, tau = cells[title].split("/")
+            out.append({"temperature": float(cells["temp"]), "model": cells["model"], "method": cells["method"],
+                        "dataset": names[title], "speedup": float(speedup.rstrip("x")), "tau": float(tau)})
+    return pd.DataFrame(out)
+
+
+def _method_rank(method: str) -> int:
+    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+
+
+def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(cells, notes). One line per (model, temperature, row label, dataset incl. 'mean') with speedup and tau.
+
+    Ours come from ``method_table`` (plain is the baseline, not a row). When one label has several configs on a
+    benchmark (say, different token limits) the one with the most turns is shown and the others are noted.
+    A missing plain baseline leaves speedup NaN. Mean: over the benchmarks shown in that model/temperature.
+    """
+    notes: list[str] = []
+    if rows.empty:
+        return pd.DataFrame(columns=COLUMNS), notes
+    table = method_table(rows)
+    table = table[table.method != "plain"].copy()
+    if table.empty:
+        return pd.DataFrame(columns=COLUMNS), notes
+    table["label"] = table.config_hash.map(variant_labels(rows))
+    table = table.sort_values("turns", ascending=False)
+    keys = ["model", "temperature", "label", "dataset"]
+    dropped = table[table.duplicated(keys, keep="first")]
+    for _, d in dropped.iterrows():
+        notes.append(f"{d.model} T={d.temperature} {d.label} on {d.dataset}: config {d.config_hash} "
+                     f"({d.turns} turns) not shown; another config of that label has more turns")
+    table = table.drop_duplicates(keys, keep="first")
+    cells = [{"model": r.model, "temperature": float(r.temperature), "label": r.label, "method": r.method,
+              "source": "ours", "dataset": r.dataset, "speedup": r.speedup, "tau": r.tau, "turns": int(r.turns),
+              "config_hash": r.config_hash} for r in table.itertuples()]
+    frame = pd.DataFrame(cells)
+    if published is not None and not published.empty:
+        frame = pd.concat([frame, _paper_cells(frame, published)], ignore_index=True)
+    frame = _with_means(frame, published)
+    frame["order"] = [(_method_rank(m), 1 if s == "paper" else 0) for m, s in zip(frame.method, frame.source)]
+    frame = frame.sort_values(["model", "temperature", "order", "label"]).drop(columns="order")
+    return frame.reset_index(drop=True)[COLUMNS], notes
+
+
+def _paper_cells(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for (model, temp), g in ours.groupby(["model", "temperature"]):
+        code = PAPER_MODELS.get(model)
+        if code is None:
+            continue
+        for method in sorted(set(g.method), key=_method_rank):
+            paper = published[(published.model == code) & (published.temperature == temp)
+                              & (published.method == PAPER_METHODS.get(method, ""))]
+            for _, p in paper[paper.dataset != "mean"].iterrows():
+                out.append({"model": model, "temperature": temp, "label": f"{PAPER_METHODS[method]} (paper, {code})",
+                            "method": method, "source": "paper", "dataset": p.dataset, "speedup": p.speedup,
+                            "tau": p.tau, "turns": 0, "config_hash": None})
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+def _with_means(frame: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
+    """Append a 'mean' cell per row label over the benchmarks ours show in that model/temperature."""
+    means = []
+    for (model, temp), g in frame.groupby(["model", "temperature"]):
+        shown = set(g[g.source == "ours"].dataset)
+        for _, lg in g.groupby("label"):
+            cells = lg[lg.dataset.isin(shown)]
+            first = lg.iloc[0]
+            speedup, tau = cells.speedup.mean(skipna=False), cells.tau.mean()
+            if first.source == "paper" and published is not None and shown == set(DATASETS):
+                paper = published[(published.model == PAPER_MODELS[model]) & (published.temperature == temp)
+                                  & (published.method == PAPER_METHODS[first.method]) & (published.dataset == "mean")]
+                if not paper.empty:  # the paper's own Mean column
+                    speedup, tau = float(paper.speedup.iloc[0]), float(paper.tau.iloc[0])
+            means.append({**first.to_dict(), "dataset": "mean", "speedup": speedup, "tau": tau,
+                          "turns": int(cells.turns.sum()), "config_hash": None})
+    return pd.concat([frame, pd.DataFrame(means, columns=frame.columns)], ignore_index=True)
+
+
+def _datasets_shown(frame: pd.DataFrame) -> list[str]:
+    present = set(frame[frame.source == "ours"].dataset)
+    return [d for d in DATASETS if d in present] + sorted(present - set(DATASETS) - {"mean"}) + ["mean"]
+
+
+def fmt_speedup(value: float) -> str:
+    return "no baseline" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}x"
+
+
+def fmt_tau(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def _grid(frame: pd.DataFrame, columns: list[str]):
+    """(model, temperature, [(label, {dataset: (speedup, tau)})]) per group, rows in table order."""
+    for (model, temp), g in frame.groupby(["model", "temperature"], sort=False):
+        lines = []
+        for label in dict.fromkeys(g.label):
+            cells = g[g.label == label].set_index("dataset")
+            lines.append((label, {d: (cells.speedup[d], cells.tau[d]) if d in cells.index else None
+                                  for d in columns}))
+        yield model, temp, lines
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """Sections per model and temperature; cells 'speedup / tau'."""
+    if frame.empty:
+        return "No method other than plain has rows: nothing to tabulate.\n"
+    columns = _datasets_shown(frame)
+    parts = ["Cells: speedup over plain decoding on the same question turns / tau (tokens per target forward). "
+             "Mean: over the benchmarks shown. 'no baseline': no plain rows for that model, benchmark and "
+             "temperature.\n"]
+    for model, temp, lines in _grid(frame, columns):
+        body = [[label] + [("—" if c is None else f"{fmt_speedup(c[0])} / {fmt_tau(c[1])}") for c in cells.values()]
+                for label, cells in lines]
+        head = ["Method"] + [TITLES.get(d, d) for d in columns]
+        parts.append(f"### {model}, temperature {temp:g}\n\n" + pd.DataFrame(body, columns=head).to_markdown(
+            index=False) + "\n")
+    return "\n".join(parts)
+
+
+def _tex(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("&", r"\&"), ("%", r"\%"), ("#", r"\#")):
+        text = text.replace(a, b)
+    return text
+
+
+def to_latex(frame: pd.DataFrame) -> str:
+    """One booktabs tabular like the paper's: Speedup and tau per benchmark, blocks per temperature/model."""
+    if frame.empty:
+        return "% No method other than plain has rows: nothing to tabulate.\n"
+    columns = _datasets_shown(frame)
+    width = 1 + 2 * len(columns)
+    lines = [r"% Table 1 (generated by analysis.report). Needs \usepackage{booktabs}.",
+             r"\begin{tabular}{l" + " rr" * len(columns) + "}", r"\toprule",
+             " & " + " & ".join(rf"\multicolumn{{2}}{{c}}{{{_tex(TITLES.get(d, d))}}}" for d in columns) + r" \\",
+             " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
+             "Method & " + " & ".join([r"Speedup & $\tau$"] * len(columns)) + r" \\", r"\midrule"]
+    for model, temp, rows in _grid(frame, columns):
+        lines.append(rf"\multicolumn{{{width}}}{{l}}{{\textit{{{_tex(model)}, temperature {temp:g}}}}} \\")
+        for label, cells in rows:
+            values = []
+            for c in cells.values():
+                if c is None:
+                    values += ["--", "--"]
+                else:
+                    sp = "n/b" if np.isnan(c[0]) else f"{c[0]:.2f}" + r"$\times$"
+                    values += [sp, fmt_tau(c[1])]
+            lines.append(_tex(label) + " & " + " & ".join(values) + r" \\")
+        lines.append(r"\midrule")
+    lines[-1] = r"\bottomrule"
+    lines += [r"\end{tabular}", r"% n/b: no plain baseline for that cell; --: not run."]
+    return "\n".join(lines) + "\n"

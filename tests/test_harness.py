@@ -1,0 +1,205 @@
+"""The benchmark harness: named experiments, sweeps that survive a kill, failed cells, the SLURM launcher.
+
+The sweeps run ``python run.py -m`` in a subprocess on the real SmolLM2 with a random tiny EAGLE head.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from analysis.metrics import load_failures
+from analysis.report import build_report
+from eagle2.head import save_head
+from experiments.recipe import EXPERIMENTS, commands
+from tests.conftest import tiny_head
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "EAGLE2_TEST_THREADS": "1"}
+COMMON = ["logger=none", "threads=1", "warmup_tokens=0", "dataset=nq", "max_new_tokens=4"]
+
+
+def compose_cfg(*overrides, hydra_cfg: bool = False):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def read_rows(folder: Path) -> list[dict]:
+    """Every complete row under ``folder`` (a line cut by a kill is skipped, as the store does)."""
+    out = []
+    for path in sorted(folder.rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def run_py(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def head_dir(smollm2, tmp_path_factory):
+    head = tiny_head(smollm2[0])
+    head.draft_vocab = torch.arange(smollm2[0].config.vocab_size)  # serves any method.draft_vocab_size
+    return save_head(head, tmp_path_factory.mktemp("head") / "head")
+
+
+EXPECTED_SWEEPS = {
+    "table1": {"method": "plain,sps,eagle,eagle2", "dataset": "mt_bench,humaneval,gsm8k,alpaca,cnn_dm,nq",
+               "temperature": "0.0,1.0"},
+    "fig1": {"method": "plain,sps,eagle,eagle2"},
+    "calibration": {"method": "eagle2,eagle", "dataset": "alpaca,mt_bench"},
+    "tree_budget": {"method": "eagle2", "method.total_tokens": "4,8,16,32,48", "method.depth": "3,6",
+                    "method.top_k": "4,10"},
+    "static_vs_dynamic": {"method": "plain,eagle,eagle2", "dataset": "mt_bench,gsm8k"},
+}
+
+
+def test_every_experiment_is_tested():
+    assert sorted(EXPECTED_SWEEPS) == EXPERIMENTS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SWEEPS))
+def test_experiment_sweeps_and_scales(name):
+    """Small on CPU (SmolLM2); the paper's protocol once only the model is overridden (GPU recipe)."""
+    assert (CONF / "experiment" / f"{name}.yaml").read_text().startswith("# @package _global_")
+    cpu = compose_cfg(f"experiment={name}", hydra_cfg=True)
+    params = OmegaConf.to_container(cpu.hydra.sweeper.params)
+    assert params == EXPECTED_SWEEPS[name]
+    assert cpu.paths.results == f"results/{name}" and cpu.logger.name == "none"
+    assert 1 <= cpu.dataset.limit <= 5 and cpu.max_new_tokens == 64
+    if name == "fig1":
+        assert cpu.temperature == 1.0 and cpu.dataset.name == "mt_bench"
+    for value in params.get("method", "").split(","):  # every swept choice exists
+        assert (CONF / "method" / f"{value}.yaml").is_file()
+    for value in params.get("dataset", "").split(",") if "dataset" in params else []:
+        assert (CONF / "dataset" / f"{value}.yaml").is_file()
+
+    gpu = compose_cfg(f"experiment={name}", "model=vicuna7b", "dataset=gsm8k")
+    assert gpu.model.device == "cuda" and gpu.dataset.limit is None
+    assert gpu.max_new_tokens == gpu.dataset.max_new_tokens == 256
+    assert gpu.method.total_tokens == 60  # the paper's tree for Vicuna-7B, unless the sweep sets it
+    one_cell = compose_cfg(f"experiment={name}", *[f"{k}={v.split(',')[0]}" for k, v in params.items()])
+    OmegaConf.to_container(one_cell, resolve=True)  # every interpolation of a cell resolves
+
+
+def test_table1_is_the_full_grid():
+    params = compose_cfg("experiment=table1", hydra_cfg=True).hydra.sweeper.params
+    assert math.prod(len(v.split(",")) for v in params.values()) == 4 * 6 * 2
+
+
+def test_named_experiment_sweeps_its_cells(tmp_path):
+    """``python run.py -m experiment=fig1`` really launches one job per method, at temperature 1."""
+    out = run_py("-m", "experiment=fig1", "dataset.limit=0", f"paths.results={tmp_path / 'r'}",
+                 f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert out.returncode == 0, out.stderr
+    started = [line for line in out.stdout.splitlines() if line.startswith("[eagle2] summary")]
+    assert len(started) == 4 and all("T=1.0" in line for line in started)
+    assert {line.split("/")[1] for line in started} == {"plain", "sps", "eagle", "eagle2"}
+
+
+def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head_dir):
+    results = tmp_path / "r"
+    args = [sys.executable, "run.py", "-m", "method=plain,eagle2", "dataset.limit=3", *COMMON,
+            f"paths.results={results}", f"model.head={head_dir}", "model.eagle2.total_tokens=4",
+            "model.eagle2.depth=2", "model.eagle2.top_k=2", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    total = 2 * 3  # two methods x three single-turn questions
+    proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not read_rows(results) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = read_rows(results)
+    assert 1 <= len(before) < total, "the sweep must be killed midway"
+
+    again = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    after = read_rows(results)
+    keys = [(r["config_hash"], r["question_id"], r["turn"]) for r in after]
+    assert len(keys) == len(set(keys)) == total  # all present, none twice
+    assert {r["method"] for r in after} == {"plain", "eagle2"} and all(r["status"] == "ok" for r in after)
+    by_key = {(r["config_hash"], r["question_id"], r["turn"]): r for r in after}
+    for row in before:  # a row finished before the kill is kept as it was, not redone
+        assert by_key[(row["config_hash"], row["question_id"], row["turn"])] == row
+    to_run = sum(int(line.split(", ")[1].split()[0]) for line in again.stdout.splitlines()
+                 if line.startswith("[eagle2]") and "turns to run" in line)
+    assert to_run == total - len(before)
+
+
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    results = tmp_path / "r"
+    missing = tmp_path / "no_such_head"
+    out = run_py("-m", "method=eagle2,plain", "dataset.limit=1", *COMMON, f"paths.results={results}",
+                 f"model.head={missing}", f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert out.returncode == 0, out.stderr
+    assert "[eagle2] run failed" in out.stdout and "the sweep goes on" in out.stdout
+    rows = read_rows(results)
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["method"] == "eagle2"
+    assert failed[0]["question_id"] is None and failed[0]["turn"] is None and failed[0]["scope"] == "cell"
+    assert str(missing) in failed[0]["error"] and "Traceback" in failed[0]["traceback"]
+    assert [r["method"] for r in rows if r["status"] == "ok"] == ["plain"]  # the next cell still ran
+    standing = load_failures(results)
+    assert list(standing.scope) == ["cell"] and list(standing.method) == ["eagle2"]
+    build_report(results, tmp_path / "report")
+    assert "Failed cells, not in the table (errors in summary.md): eagle2 on nq" in (
+        tmp_path / "report" / "table1.md").read_text()
+    assert str(missing) in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_single_run_failure_exits_nonzero_with_one_message(tmp_path):
+    out = run_py("method=sps", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}",
+                 f"model.sps_draft={tmp_path / 'no_draft'}", f"hydra.run.dir={tmp_path / 'hydra'}")
+    assert out.returncode != 0
+    errors = [line for line in out.stderr.splitlines() if "run failed" in line]
+    assert len(errors) == 1 and errors[0].startswith("[eagle2] run failed:") and "no_draft" in errors[0]
+    assert "Traceback" not in out.stderr
+    failed = read_rows(tmp_path)
+    assert len(failed) == 1 and failed[0]["status"] == "failed" and failed[0]["method"] == "sps"
+
+
+def test_slurm_launcher_config():
+    path = CONF / "hydra" / "launcher" / "slurm.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert raw["defaults"] == ["submitit_slurm"]
+    assert {"timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "partition", "array_parallelism"} <= set(raw)
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("hydra-submitit-launcher not installed (pip install -e .[slurm]); YAML checked only")
+    cfg = compose_cfg("experiment=table1", "model=vicuna7b", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                      hydra_cfg=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.partition == "gpu" and launcher.gpus_per_node == 1 and launcher.timeout_min == raw["timeout_min"]
+    assert cfg.hydra.sweeper.params.method == "plain,sps,eagle,eagle2"  # the experiment's sweep is kept
+
+
+def test_recipe_commands():
+    cmds = commands("tree_budget", ["model=vicuna7b"], None, "report/tree_budget")
+    assert [c[1:4] for c in cmds[:2]] == [["run.py", "-m", "experiment=tree_budget"]] * 2
+    assert "method=plain" in cmds[1] and "hydra.sweeper.params=null" in cmds[1] and "model=vicuna7b" in cmds[1]
+    assert cmds[2][1:] == ["-m", "analysis.report", "results/tree_budget", "--out", "report/tree_budget"]
+    table1 = commands("table1", [], "/tmp/r", None)
+    assert len(table1) == 1 and table1[0][-1] == "paths.results=/tmp/r"
