@@ -34,8 +34,8 @@ def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
     if frame.empty:
         return frame
     frame = frame.drop_duplicates(subset=GROUP + ["question_id", "turn"], keep="last")
-    if "accept_lengths" in frame:
-        frame["decode_tokens"] = frame["accept_lengths"].map(sum)
+    if "accept_lengths" in frame:  # failed rows have none
+        frame["decode_tokens"] = frame["accept_lengths"].map(lambda a: sum(a) if isinstance(a, list) else 0)
     return frame.reset_index(drop=True)
 
 
@@ -54,9 +54,7 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     for key, g in rows.groupby(GROUP, dropna=False):
         rec = dict(zip(GROUP, key))
         rec.update(_aggregate(g))
-        base = rows[(rows.method == "plain") & (rows.model == rec["model"]) & (rows.dataset == rec["dataset"])
-                     & (rows.temperature == rec["temperature"])]
-        rec["speedup"], rec["baseline_turns"] = _speedup(g, base)
+        rec["speedup"], rec["baseline_turns"] = _speedup(g, baseline_rows(rows, g))
         out.append(rec)
     return pd.DataFrame(out)
 
@@ -75,6 +73,24 @@ def _aggregate(g: pd.DataFrame) -> dict:
             "other_share": other / total if total else np.nan,
             "ms_per_round": 1000 * total / forwards if forwards else np.nan,
             "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan}
+
+
+def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
+    """Plain-decoding rows comparable with the config ``g``: same model, dataset, temperature and,
+    where recorded, the same max_new_tokens and seed; of several such plain configs, the one sharing
+    the most question turns with ``g`` (never a pool of several)."""
+    first = g.iloc[0]
+    mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
+        rows.temperature == first.temperature)
+    for key in ("max_new_tokens", "seed"):
+        if key in rows and pd.notna(first.get(key)):
+            mask &= rows[key] == first[key]
+    base = rows[mask]
+    if base.config_hash.nunique() > 1:
+        turns = set(zip(g.question_id, g.turn))
+        shared = {h: len(turns & set(zip(b.question_id, b.turn))) for h, b in base.groupby("config_hash")}
+        base = base[base.config_hash == max(shared, key=shared.get)]
+    return base
 
 
 def _speedup(g: pd.DataFrame, base: pd.DataFrame) -> tuple[float, int]:
@@ -105,14 +121,24 @@ def per_position_acceptance(rows: pd.DataFrame, max_depth: int = 8) -> pd.DataFr
 
 
 def _with_parent_accepted(nodes: pd.DataFrame) -> pd.DataFrame:
-    """Verified nodes whose parent was on the accepted path (so the node itself was really tried)."""
+    """Verified nodes that were really tried: the parent was on the accepted path and, under sampling
+    (temperature > 0, where siblings are tried in order and trying stops at the first accepted),
+    no better-ranked sibling was accepted. At temperature 0 every child of an accepted parent is
+    compared with the target's argmax, so all count."""
     verified = nodes[nodes.tree_index >= 0].copy()
     keys = ["config_hash", "question_id", "turn", "round"]
     acc = verified[verified.accepted][keys + ["tree_index"]].rename(columns={"tree_index": "parent_tree_index"})
     acc["parent_ok"] = True
     merged = verified.merge(acc, on=keys + ["parent_tree_index"], how="left")
     merged["parent_ok"] = merged["parent_ok"].fillna(False).astype(bool) | (merged.parent_tree_index == 0)
-    return merged[merged.parent_ok]
+    tried = merged[merged.parent_ok]
+    sampled = tried.temperature > 0
+    if sampled.any():
+        winner = tried[tried.accepted][keys + ["parent_tree_index", "rank"]].rename(columns={"rank": "won_rank"})
+        tried = tried.merge(winner, on=keys + ["parent_tree_index"], how="left")
+        late = (tried.temperature > 0) & tried.won_rank.notna() & (tried["rank"] > tried.won_rank)
+        tried = tried[~late].drop(columns="won_rank")
+    return tried
 
 
 def calibration(nodes: pd.DataFrame, bins: int = 10, by_depth: bool = False) -> pd.DataFrame:

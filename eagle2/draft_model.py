@@ -129,7 +129,8 @@ def load_draft_model(location: str | Path, target):
 
         from eagle2.models import load_pretrained
 
-        draft = load_pretrained(AutoModelForCausalLM, str(location), dtype=target.dtype)
+        draft = load_pretrained(AutoModelForCausalLM, str(location), config_key="model.sps_draft",
+                                dtype=target.dtype)
         if draft.config.vocab_size != target.config.vocab_size:
             log.warning("SpS draft %s has vocab_size %d, the target %d", location,
                         draft.config.vocab_size, target.config.vocab_size)

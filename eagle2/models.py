@@ -85,10 +85,10 @@ def ensure_smollm2_safetensors(cache_dir: str | os.PathLike | None = None) -> Pa
     return target
 
 
-def _hub_error(name: str, exc: Exception) -> ModelUnavailableError:
+def _hub_error(name: str, exc: Exception, config_key: str) -> ModelUnavailableError:
     return ModelUnavailableError(
         f"cannot load {name!r}: not found locally and the Hugging Face hub is unreachable or refused "
-        f"({type(exc).__name__}). Download it where the hub is reachable and pass model.path=/local/dir")
+        f"({type(exc).__name__}). Download it where the hub is reachable and pass {config_key}=/local/dir")
 
 
 def weights_location(model_cfg) -> str:
@@ -100,8 +100,8 @@ def weights_location(model_cfg) -> str:
     raise ValueError(f"unknown model.source {model_cfg.source!r}; choose smollm2_gguf or hub")
 
 
-def load_pretrained(cls, location: str, **kwargs):
-    """``cls.from_pretrained`` that turns hub failures into one clear error."""
+def load_pretrained(cls, location: str, config_key: str = "model.path", **kwargs):
+    """``cls.from_pretrained`` that turns hub failures into one clear error naming ``config_key``."""
     local = Path(location).is_dir()
     if not local:
         kwargs.setdefault("local_files_only", os.environ.get("HF_HUB_OFFLINE") == "1")
@@ -110,7 +110,7 @@ def load_pretrained(cls, location: str, **kwargs):
     except (OSError, ValueError) as exc:
         if local:
             raise
-        raise _hub_error(location, exc) from None
+        raise _hub_error(location, exc, config_key) from None
 
 
 def load_target(model_cfg, device: str | None = None):

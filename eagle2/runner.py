@@ -111,7 +111,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
         "question_id": question["question_id"], "turn": turn, "category": question.get("category"),
         "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
         "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
-        "seed": int(cfg.seed), "config_hash": chash, "status": "ok", "error": None,
+        "seed": int(cfg.seed), "max_new_tokens": int(cfg.max_new_tokens), "config_hash": chash,
+        "status": "ok", "error": None,
         "prompt_tokens": len(prompt), "new_tokens": out.new_tokens, "wall_time_s": out.wall_time_s,
         "prefill_time_s": out.prefill_time_s, "target_forwards": out.target_forwards,
         "tokens_per_s": decoded / out.wall_time_s if out.wall_time_s > 0 else None,
@@ -123,11 +124,11 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
     }
 
 
-def failed_row(cfg, chash, question, turn, exc: Exception) -> dict:
-    return {"question_id": question["question_id"], "turn": turn, "dataset": cfg.dataset.name,
-            "model": cfg.model.name, "method": cfg.method.name, "temperature": float(cfg.temperature),
-            "seed": int(cfg.seed), "config_hash": chash, "status": "failed",
-            "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time()}
+def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> dict:
+    return {"question_id": question_id, "turn": turn, "dataset": cfg.dataset.name, "model": cfg.model.name,
+            "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
+            "config_hash": chash, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+            "timestamp": time.time(), **extra}
 
 
 def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
@@ -141,11 +142,8 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
     try:
         chash = config_hash(cfg)
         store = ResultStore(cfg.paths.results, cfg.dataset.name, cfg.model.name, cfg.method.name, chash)
-        row = {"question_id": None, "turn": None, "dataset": cfg.dataset.name, "model": cfg.model.name,
-               "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
-               "config_hash": chash, "status": "failed", "scope": "cell", "error": f"{type(exc).__name__}: {exc}",
-               "traceback": "".join(traceback.format_exception(exc)), "timestamp": time.time()}
-        store.append(row)
+        store.append(failed_row(cfg, chash, None, None, exc, scope="cell",
+                                traceback="".join(traceback.format_exception(exc))))
         return str(store.rows_path)
     except Exception as store_exc:  # the failure is still reported by the caller
         log.error("could not record the failure: %s", store_exc)
@@ -204,7 +202,7 @@ def _decode_all(cfg, chash, store, questions) -> None:
                     out = decode(prompt, _row_generator(cfg.seed, q["question_id"], turn, target.device))
                 except (ContextOverflowError, RuntimeError) as exc:
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
-                    store.append(failed_row(cfg, chash, q, turn, exc))
+                    store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
                 row = make_row(cfg, chash, q, turn, prompt, out, tokenizer)
                 store.append(row, out.nodes)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle_static import EagleStaticDrafter
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.models import resolve_dtype
 
+log = logging.getLogger(__name__)
 METHODS = ("plain", "sps", "eagle", "eagle2")
 
 
@@ -17,7 +20,9 @@ def draft_vocabulary(head, size):
     if not size:
         return None
     if getattr(head, "draft_vocab", None) is None:
-        raise ValueError("method.draft_vocab_size is set but this EAGLE head ships no draft_vocab.safetensors")
+        log.warning("method.draft_vocab_size=%s but this EAGLE head ships no draft_vocab.safetensors: "
+                    "drafting over the full vocabulary", size)
+        return None
     return head.draft_vocab[: int(size)]
 
 
