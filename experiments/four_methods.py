@@ -2,7 +2,8 @@
 
 Each (method, dataset) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
 table is computed from the stored rows by ``analysis.metrics``: tokens/s, speedup over plain on the
-same turns, tau, and where round time goes (draft forwards, verify forwards, everything else).
+same turns, tau, where round time goes (draft forwards, verify forwards, everything else), and the
+cost-model prediction speedup ~ tau * T(1) / (T_draft + T_verify) beside the measured speedup.
 
 Run: ``python -m experiments.four_methods --results results/four_methods [--limit 10] [overrides...]``
 """
@@ -37,10 +38,23 @@ def main() -> None:
                     f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
                     *args.overrides])
             run(cfg)
-    table = method_table(load_rows(args.results))
-    cols = ["dataset", "method", "temperature", "turns", "tokens_per_s", "speedup", "tau", "ms_per_round",
-            "draft_share", "verify_share", "other_share"]
+    table = cost_model(method_table(load_rows(args.results)))
+    cols = ["dataset", "method", "temperature", "turns", "tokens_per_s", "speedup", "predicted", "tau",
+            "ms_per_round", "draft_ms", "verify_ms", "other_share"]
     print(table[cols].sort_values(["dataset", "method"]).to_markdown(index=False, floatfmt=".3f"))
+
+
+def cost_model(table):
+    """Add the cost-model prediction speedup ~ tau * T(1) / (T_draft + T_verify): per-round forward
+    times from the rows, T(1) = plain decoding's time per round (one target forward) on that dataset."""
+    table = table.copy()
+    table["draft_ms"] = table.ms_per_round * table.draft_share
+    table["verify_ms"] = table.ms_per_round * table.verify_share
+    plain = table[table.method == "plain"].set_index(["dataset", "temperature"]).ms_per_round
+    t1 = [plain.get((d, t)) for d, t in zip(table.dataset, table.temperature)]
+    table["predicted"] = [tau * one / (dm + vm) if one else float("nan")
+                          for tau, one, dm, vm in zip(table.tau, t1, table.draft_ms, table.verify_ms)]
+    return table
 
 
 if __name__ == "__main__":

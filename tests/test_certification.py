@@ -72,10 +72,16 @@ def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, h
 
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of the counts under ``probs``; 0 when an impossible outcome (probability 0, e.g. cut by
+    top-k/top-p) was drawn."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    counts, probs = counts[probs > 0], probs[probs > 0]
     expected = probs * counts.sum()
     big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = counts[big], expected[big]
+    if (~big).any():
+        obs, exp = torch.cat([obs, counts[~big].sum()[None]]), torch.cat([exp, expected[~big].sum()[None]])
     return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
