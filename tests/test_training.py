@@ -320,3 +320,25 @@ def test_ordinary_checkpoint_folder_loads_with_its_own_embedding(target, tmp_pat
     with torch.no_grad():
         assert torch.allclose(other(ids).logits, loaded(ids).logits)
     assert loaded.lm_head is not target.lm_head and not loaded.training
+
+
+def test_dataset_answers_corpus_is_teacher_forced(target, tmp_path):
+    """With the dataset's own answers the target reads them: tokens are prompt + answer, and the stored
+    features equal a plain forward over that sequence."""
+    from eagle2.cache import forward_target, new_cache
+    from eagle2.training.corpus import read_shards
+
+    answers = [f"answer {i}" for i in range(len(PROMPTS))]
+    build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path, template="vicuna", system_prompt="S", batch_size=4,
+                 max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0,
+                 answers=answers)
+    shards = read_shards(tmp_path)
+    assert sum(len(s["response_start"]) for s in shards) == len(PROMPTS)
+    shard = shards[0]
+    start, end = int(shard["offsets"][0]), int(shard["offsets"][1])
+    tokens = shard["tokens"][start:end].long()
+    answer = tokens[int(shard["response_start"][0]):].tolist()
+    assert answer in [ByteTokenizer()(a, add_special_tokens=False)["input_ids"] for a in answers]
+    with torch.no_grad():
+        full = forward_target(target, tokens[None], new_cache(target))[0]
+    assert torch.allclose(shard["features"][start:end].float(), full, atol=1e-2)

@@ -2,7 +2,8 @@
 
 Prompts are the Alpaca instructions shipped in ``data/train`` (``input`` appended when present), minus
 every prompt whose text equals an evaluation question of the six benchmarks. Answers come from the
-target itself (self-distillation): batched decoding with left padding, greedy or sampled, recording
+target itself (self-distillation; or, with ``answers``, the dataset's own answers read by the target
+under teacher forcing): batched decoding with left padding, greedy or sampled, recording
 the target's last hidden state (after its final norm, the tensor its LM head multiplies) at every
 position, which is exactly the feature an EAGLE head consumes. Shards are written atomically as
 safetensors, so a killed run resumes where it stopped.
@@ -25,12 +26,31 @@ from eagle2.chat import encode_conversation
 from eagle2.data import all_benchmark_questions
 
 
+def training_records(path: str | Path, benchmarks_dir: str | Path | None = None) -> list[tuple[str, str]]:
+    """(prompt, the dataset's own answer) pairs, every benchmark question removed."""
+    records = json.loads(Path(path).read_text())
+    pairs = [((r["instruction"] + ("\n" + r["input"] if r.get("input") else "")).strip(), r.get("output", ""))
+             for r in records]
+    held_out = all_benchmark_questions(benchmarks_dir)
+    return [(p, a) for p, a in pairs if p not in held_out]
+
+
 def training_prompts(path: str | Path, benchmarks_dir: str | Path | None = None) -> list[str]:
     """Alpaca prompts with every benchmark question removed."""
-    records = json.loads(Path(path).read_text())
-    prompts = [(r["instruction"] + ("\n" + r["input"] if r.get("input") else "")).strip() for r in records]
-    held_out = all_benchmark_questions(benchmarks_dir)
-    return [p for p in prompts if p not in held_out]
+    return [p for p, _ in training_records(path, benchmarks_dir)]
+
+
+@torch.no_grad()
+def teacher_forced_batch(model, sequences: list[list[int]], starts: list[int], pad_id: int):
+    """Features of given (prompt + answer) sequences from one right-padded forward."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
+    hidden = forward_target(model, input_ids, new_cache(model), attention_mask=mask)
+    return [(ids, hidden[row, : len(ids)], start) for row, (ids, start) in enumerate(zip(sequences, starts))]
 
 
 @torch.no_grad()
@@ -99,22 +119,26 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
-                 worker: int = 0, workers: int = 1) -> Path:
+                 worker: int = 0, workers: int = 1, answers: list[str] | None = None) -> Path:
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
     seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
     ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
-    ``workers``-th batch of the order."""
+    ``workers``-th batch of the order. With ``answers`` (one per prompt, e.g. the dataset's own) the
+    target does not answer: it reads those answers (teacher forcing) and only its features are kept."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     encoded = []
-    for sample in range(samples_per_prompt):
+    for sample in range(samples_per_prompt if answers is None else 1):
         for i, p in enumerate(prompts):
             ids = encode_conversation(tokenizer, template, [p], [], system_prompt)
             if len(ids) <= max_prompt_tokens:
-                encoded.append((sample, i, ids))
+                given = None if answers is None else (
+                    tokenizer(answers[i], add_special_tokens=False)["input_ids"][:max_new_tokens - 1]
+                    + sorted(eos_ids)[:1])
+                encoded.append((sample, i, ids, given))
     encoded.sort(key=lambda e: len(e[2]))  # similar lengths share a batch: less padding
     batches = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
-    eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     done = sum(1 for b in range(len(batches)) if (out / f"shard_{b:05d}.safetensors").exists())
     bar = tqdm(total=len(batches), initial=done, desc="self-distillation batches")
@@ -128,8 +152,11 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
         path = out / f"shard_{b:05d}.safetensors"
         if path.exists():
             continue
-        gen = torch.Generator().manual_seed(seed * 100003 + b)
-        rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen, pad_id)
+        if answers is None:
+            gen = torch.Generator().manual_seed(seed * 100003 + b)
+            rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen, pad_id)
+        else:
+            rows = teacher_forced_batch(model, [e[2] + e[3] for e in batch], [len(e[2]) for e in batch], pad_id)
         write_shard(path, rows)
         bar.update(1)
     bar.close()

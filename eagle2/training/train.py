@@ -481,17 +481,22 @@ def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwar
 
 def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
     """Build (or finish) the self-distillation corpus of ``conf/train/*.yaml``."""
-    from eagle2.training.corpus import build_corpus, training_prompts
+    from eagle2.training.corpus import build_corpus, training_records
 
-    prompts = training_prompts(root / corpus_cfg.prompts)
+    records = training_records(root / corpus_cfg.prompts)
     if corpus_cfg.get("limit"):
-        prompts = prompts[: int(corpus_cfg.limit)]
+        records = records[: int(corpus_cfg.limit)]
+    prompts = [p for p, _ in records]
+    responses = corpus_cfg.get("responses", "self")
+    if responses not in ("self", "dataset"):
+        raise ValueError(f"train.corpus.responses must be 'self' or 'dataset', not {responses!r}")
     return build_corpus(target, tokenizer, prompts, root / corpus_cfg.out_dir, template=corpus_cfg.template,
                         system_prompt=corpus_cfg.system_prompt, batch_size=corpus_cfg.batch_size,
                         max_new_tokens=corpus_cfg.max_new_tokens, max_prompt_tokens=corpus_cfg.max_prompt_tokens,
                         temperature=corpus_cfg.temperature, samples_per_prompt=corpus_cfg.samples_per_prompt,
                         seed=corpus_cfg.seed, max_batches=corpus_cfg.get("max_batches"),
-                        worker=corpus_cfg.get("worker", 0), workers=corpus_cfg.get("workers", 1))
+                        worker=corpus_cfg.get("worker", 0), workers=corpus_cfg.get("workers", 1),
+                        answers=[a for _, a in records] if responses == "dataset" else None)
 
 
 def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
