@@ -30,7 +30,7 @@ def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
     if (dtype is None or dtype == lm_head.weight.dtype) and vocab is None:
         return lm_head
     dtype = dtype or lm_head.weight.dtype
-    key = (dtype, None if vocab is None else (len(vocab), int(vocab.sum())))
+    key = (dtype, None if vocab is None else tuple(vocab.tolist()))
     copies = _LM_HEAD_COPIES.setdefault(lm_head, {})
     if key not in copies:
         rows = slice(None) if vocab is None else vocab.to(lm_head.weight.device)
