@@ -1,8 +1,9 @@
 """The results store: one JSON row per question turn, appended and flushed as soon as it exists.
 
 Layout under ``paths.results``: ``<dataset>/<model>/<method>-<hash>.jsonl``, where the hash covers
-everything that changes the numbers (model, method settings, dataset, sampling, seed, token limit)
-and nothing that does not (limit, paths, logger). Rerunning a config appends to the same file and
+everything that changes the numbers (the target, the method's settings and drafter weights, dataset,
+sampling, seed, token limit) and nothing that does not (limit, paths, logger, device, other methods'
+knobs). Rerunning a config appends to the same file and
 skips the (question_id, turn) pairs already finished; a different config never touches it. Per-node
 draft records go beside it, one parquet file per turn in ``<method>-<hash>.nodes/``, written
 atomically, so a killed run loses at most the turn it was in.
@@ -18,14 +19,19 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 HASHED_KEYS = ("model", "method", "temperature", "top_p", "top_k", "seed", "max_new_tokens")
-MODEL_KEYS_IGNORED = ("cache_dir", "device", "path")
+# what the target's outputs depend on; a drafter's own settings reach the hash through the resolved
+# method config, and its weights through METHOD_ARTIFACTS (so a plain run's hash ignores drafter knobs)
+TARGET_KEYS = ("name", "source", "hub_id", "dtype", "attn_implementation", "template", "system_prompt",
+               "stop_tokens", "max_context")
+METHOD_ARTIFACTS = {"sps": ("sps_draft",), "eagle": ("head",), "eagle2": ("head",)}
 
 
 def config_hash(cfg) -> str:
     """Short hash of the settings that determine the outputs."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     picked = {k: resolved.get(k) for k in HASHED_KEYS}
-    picked["model"] = {k: v for k, v in picked["model"].items() if k not in MODEL_KEYS_IGNORED}
+    model = picked["model"]
+    picked["model"] = {k: model.get(k) for k in TARGET_KEYS + METHOD_ARTIFACTS.get(cfg.method.name, ())}
     picked["dataset"] = {"name": cfg.dataset.name, "path": cfg.dataset.path}
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
