@@ -19,18 +19,19 @@ import pandas as pd
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
 
 
-def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
-    """Every row under ``results`` (recursively) with the given status."""
-    records = []
+def iter_rows(results: str | Path):
+    """Every stored row under ``results`` (recursively), skipping a line cut by a kill."""
     for path in sorted(Path(results).rglob("*.jsonl")):
         for line in path.read_text().splitlines():
             try:
-                row = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if status is None or row.get("status") == status:
-                records.append(row)
-    frame = pd.DataFrame(records)
+
+
+def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
+    """Every row under ``results`` (recursively) with the given status."""
+    frame = pd.DataFrame([r for r in iter_rows(results) if status is None or r.get("status") == status])
     if frame.empty:
         return frame
     frame = frame.drop_duplicates(subset=GROUP + ["question_id", "turn"], keep="last")
@@ -178,18 +179,13 @@ def load_failures(results: str | Path) -> pd.DataFrame:
     a failed turn counts until that turn is stored ok. ``scope`` is 'cell' or 'turn'.
     """
     failed, ok_turns, last_ok = [], set(), {}
-    for path in sorted(Path(results).rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("status") == "ok":
-                ok_turns.add((row.get("config_hash"), row.get("question_id"), row.get("turn")))
-                chash = row.get("config_hash")
-                last_ok[chash] = max(last_ok.get(chash, 0.0), row.get("timestamp") or 0.0)
-            elif row.get("status") == "failed":
-                failed.append(row)
+    for row in iter_rows(results):
+        if row.get("status") == "ok":
+            ok_turns.add((row.get("config_hash"), row.get("question_id"), row.get("turn")))
+            chash = row.get("config_hash")
+            last_ok[chash] = max(last_ok.get(chash, 0.0), row.get("timestamp") or 0.0)
+        elif row.get("status") == "failed":
+            failed.append(row)
     out = []
     for row in failed:
         cell = row.get("question_id") is None
