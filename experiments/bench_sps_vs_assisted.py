@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-from omegaconf import OmegaConf
 
-from eagle2.chat import encode_conversation
-from eagle2.data import benchmark_file, load_questions
 from eagle2.draft_model import load_draft_model
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.engine import generate
-from eagle2.models import load_target
 from eagle2.runner import resolve_artifact
 from eagle2.sampling import SamplingParams
+from experiments.side_by_side import alternating_rates, smollm2_with_prompts
 
 
 def main() -> None:
@@ -32,10 +28,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    model, tok = load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
+    model, tok, prompts = smollm2_with_prompts(args.prompts)
     draft = load_draft_model(resolve_artifact(args.draft), model)
-    prompts = [encode_conversation(tok, "tokenizer", q["turns"][:1], [])
-               for q in load_questions(benchmark_file("mt_bench"), args.prompts)]
     n, taus = args.new_tokens, []
 
     def ours(prompt):
@@ -55,20 +49,11 @@ def main() -> None:
 
     for p in prompts[:1]:
         assert ours(p) == assisted(p)[: n], "sps and assisted generation disagree"
-    ratios, speeds = [], {"ours": [], "assisted": []}
-    for rep in range(args.reps):
-        times = {}
-        for name, fn in (("ours", ours), ("assisted", assisted)) if rep % 2 == 0 else (("assisted", assisted),
-                                                                                       ("ours", ours)):
-            start = time.perf_counter()
-            tokens = sum(len(fn(p)) for p in prompts)
-            times[name] = tokens / (time.perf_counter() - start)
-            speeds[name].append(times[name])
-        ratios.append(times["ours"] / times["assisted"])
-        print(f"rep {rep}: sps {times['ours']:.2f} tok/s, assisted {times['assisted']:.2f} tok/s, "
-              f"ratio {ratios[-1]:.3f}", flush=True)
+    rates = alternating_rates({"sps": ours, "assisted": assisted}, prompts, args.reps)
+    ratios = [r["sps"] / r["assisted"] for r in rates]
+    speeds = {name: [r[name] for r in rates] for name in ("sps", "assisted")}
     print(f"median ratio sps/assisted: {statistics.median(ratios):.3f}; median tok/s sps "
-          f"{statistics.median(speeds['ours']):.2f}, assisted {statistics.median(speeds['assisted']):.2f}; "
+          f"{statistics.median(speeds['sps']):.2f}, assisted {statistics.median(speeds['assisted']):.2f}; "
           f"sps mean accepted length (tau) {statistics.mean(taus):.2f}; k={args.k}, {len(prompts)} prompts x {n}")
 
 
