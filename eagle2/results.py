@@ -33,6 +33,11 @@ def config_hash(cfg) -> str:
     model = picked["model"]
     picked["model"] = {k: model.get(k) for k in TARGET_KEYS + METHOD_ARTIFACTS.get(cfg.method.name, ())}
     picked["dataset"] = {"name": cfg.dataset.name, "path": cfg.dataset.path}
+    method = picked["method"] = dict(picked["method"])
+    for where_not_what in ("profile_dir", "reprofile"):  # where the cost profile lives, not what is run
+        method.pop(where_not_what, None)
+    if str(method.get("total_tokens")) != "auto":
+        method.pop("max_total_tokens", None)  # only auto budgets read it (and older hashes stay valid)
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 

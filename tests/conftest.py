@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(int(os.environ.get("EAGLE2_TEST_THREADS", min(2, torch.get_num_threads()))))
+
+
+# cost profiles measured by tests (method total_tokens=auto) go here, not to ~/.cache
+PROFILE_DIR = tempfile.mkdtemp(prefix="eagle2-test-profiles-")
 
 
 def tiny_llama(vocab: int = 64, layers: int = 2, seed: int = 0, hidden: int = 32, scale: float = 1.0):

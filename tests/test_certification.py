@@ -20,7 +20,7 @@ from eagle2.accept import accept_stochastic
 from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams, probabilities
 from eagle2.tree import DraftTree
-from tests.conftest import tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
 
 VOCAB, PROMPT, N_TOKENS = 8, [2, 5, 3], 3
 PASS_P, REJECT_P = 1e-3, 1e-6
@@ -29,6 +29,8 @@ METHODS = {
     "sps": {"name": "sps", "k": 2},
     "eagle": {"name": "eagle", "choices": [[0], [1], [2], [3], [0, 0], [1, 0], [2, 0], [3, 0]]},
     "eagle2": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 6},
+    "eagle2_auto": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": "auto", "max_total_tokens": 8,
+                    "profile_dir": PROFILE_DIR},
 }
 
 

@@ -11,13 +11,15 @@ import eagle2.engine as engine
 from eagle2.chat import encode_conversation
 from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams
-from tests.conftest import tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
 
 GREEDY = SamplingParams()
 SPEC_METHODS = {
     "sps": {"name": "sps", "k": 3},
     "eagle": {"name": "eagle", "choices": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]},
     "eagle2": {"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 10},
+    "eagle2_auto": {"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "auto", "max_total_tokens": 10,
+                    "profile_dir": PROFILE_DIR},
 }
 PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 

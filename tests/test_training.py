@@ -16,6 +16,7 @@ from eagle2.head import load_head, save_head
 from eagle2.training.corpus import build_corpus
 from eagle2.training.evaluate import chain_anchors, draft_chain, evaluate_draft, evaluate_head, head_chain
 from eagle2.training.train import LossProjection, all_sequences, make_batches, split_shards, train_draft, train_head
+from tests.conftest import tiny_head
 
 VOCAB = 64
 
@@ -342,3 +343,57 @@ def test_dataset_answers_corpus_is_teacher_forced(target, tmp_path):
     with torch.no_grad():
         full = forward_target(target, tokens[None], new_cache(target))[0]
     assert torch.allclose(shard["features"][start:end].float(), full, atol=1e-2)
+
+
+def _unrolled_reference(head, seq, steps: int) -> list[dict[int, torch.Tensor]]:
+    """Per step s, {position j: predicted feature}, drafted one chain at a time through a KV cache:
+    the true prefix 0..a, then s-1 of the head's own features (true tokens)."""
+    from eagle2.cache import new_cache
+    from eagle2.head import causal_mask
+
+    tokens, feats = seq.tokens, seq.features.float()
+    n_pos = len(tokens) - 1
+    preds: list[dict[int, torch.Tensor]] = [{} for _ in range(steps)]
+    for a in range(n_pos):
+        cache = new_cache(head)
+        out = head(tokens[None, 1:a + 2], feats[None, :a + 1], position_ids=torch.arange(a + 1)[None],
+                   attention_mask=causal_mask(a + 1, 0, torch.float32), cache=cache)
+        f_hat = out[0, -1]
+        preds[0][a] = f_hat
+        for s in range(2, steps + 1):
+            j = a + s - 1
+            if j >= n_pos:
+                break
+            f_hat = head(tokens[None, j + 1:j + 2], f_hat[None, None], position_ids=torch.tensor([[j]]),
+                         attention_mask=causal_mask(1, j, torch.float32), cache=cache)[0, 0]
+            preds[s - 1][j] = f_hat
+    return preds
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_unrolled_head_loss_matches_step_by_step_drafting(target, corpus, steps):
+    """The training-time-test loss equals the loss of features drafted one chain at a time."""
+    from eagle2.training.train import collate, head_loss
+
+    torch.manual_seed(1)
+    head = tiny_head(target)
+    seqs = all_sequences(corpus)[:3]
+    proj = LossProjection(target.get_output_embeddings())
+    batch = collate(seqs, "cpu")
+    with torch.no_grad():
+        loss, stats = head_loss(head, batch, proj=proj, noise=0.0, w_reg=1.0, w_cls=0.0, unroll=steps,
+                                train=False)
+        refs = [_unrolled_reference(head, s, steps) for s in seqs]
+    import torch.nn.functional as F
+
+    step_losses = []
+    for s in range(steps):
+        p, y = [], []
+        for seq, ref in zip(seqs, refs):
+            for j, f_hat in ref[s].items():
+                if j + 1 >= seq.start:
+                    p.append(f_hat)
+                    y.append(seq.features[j + 1].float())
+        step_losses.append(F.smooth_l1_loss(torch.stack(p), torch.stack(y)))
+    assert loss.item() == pytest.approx(float(sum(step_losses) / steps), rel=1e-4)
+    assert f"top1_s{steps}" in stats

@@ -42,6 +42,16 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
     if name == "eagle":
         return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices), **drafting)
     if name == "eagle2":
-        return Eagle2Drafter(head, target.lm_head, target.device, depth=int(method_cfg.depth),
-                             top_k=int(method_cfg.top_k), total_tokens=int(method_cfg.total_tokens), **drafting)
+        depth, top_k, total, profile = int(method_cfg.depth), int(method_cfg.top_k), method_cfg.total_tokens, None
+        if str(total) == "auto":
+            from eagle2.cost_profile import get_profile
+
+            total = int(method_cfg.get("max_total_tokens") or 64)
+            profile = get_profile(target, head, drafting, depth=depth, top_k=top_k,
+                                  profile_dir=method_cfg.get("profile_dir"),
+                                  remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
+        elif not str(total).isdigit():
+            raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
+        return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
+                             total_tokens=int(total), profile=profile, **drafting)
     raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

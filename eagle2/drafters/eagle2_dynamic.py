@@ -4,23 +4,28 @@ Depth 1 is the root's ``top_k`` most likely children. At each further depth the 
 the newest layer with the highest path value V (product of draft confidences from the root, kept
 incrementally as a sum of log-probabilities) are expanded with their ``top_k`` most likely children.
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
-kept; since V never grows along a path the kept nodes form a connected tree.
+kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
+(``total_tokens=auto``) the number kept is chosen per round by ``cost_profile.best_budget``: the
+count that maximises expected tokens per second, at most ``max_total_tokens``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from eagle2.cost_profile import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, tree_from_drafted
 from eagle2.tree import DraftTree
 
 
 class Eagle2Drafter(HeadRunner):
-    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int, **drafting):
+    def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
+                 profile: CostProfile | None = None, **drafting):
+        """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose."""
         super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
-        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.depth, self.top_k, self.total_tokens, self.profile = depth, top_k, total_tokens, profile
 
     def propose(self, root: int, room: int) -> DraftTree:
         budget = min(self.total_tokens, room - 1)
@@ -54,5 +59,10 @@ class Eagle2Drafter(HeadRunner):
             torch.cat(c) for c in (tokens, parents, ranks, log_conf, log_value, depth))
         by_depth = torch.argsort(depth, stable=True)
         order = by_depth[torch.argsort(-log_value[by_depth], stable=True)]  # by V, ties shallower first
+        meta = {}
+        if self.profile is not None:
+            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, self.depth)
+            meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
         keep = order[:budget].sort().values
-        return tree_from_drafted(root, tokens, parents, depth, ranks, log_conf, log_value, keep, budget=budget)
+        return tree_from_drafted(root, tokens, parents, depth, ranks, log_conf, log_value, keep, budget=budget,
+                                 **meta)

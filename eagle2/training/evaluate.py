@@ -162,7 +162,7 @@ def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") 
     return path
 
 
-def eval_stage(target, tokenizer, cfg, root: Path, kinds=("head", "draft")) -> dict:
+def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     """Evaluate the exported head / draft on the Alpaca held-out shards and on MT-bench first turns
     (answered greedily by the target); write ``eval.json`` next to each artifact."""
     from omegaconf import OmegaConf
@@ -172,6 +172,9 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=("head", "draft")) -> d
     from eagle2.training.train import all_sequences, load_sequences, split_shards
 
     ev, export = cfg.train.eval, cfg.train.export
+    kinds = tuple(kinds or ev.get("kinds") or ("head", "draft"))
+    if any(k not in ("head", "draft") for k in kinds):
+        raise ValueError(f"train.eval.kinds must list head and/or draft, not {list(kinds)}")
     _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.get("val_fraction", 0.03))
     mt = ev.mtbench
     mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,

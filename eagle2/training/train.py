@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from eagle2.cache import new_cache
 from eagle2.head import EagleHead, causal_mask, head_config_from_target
 from eagle2.training.corpus import read_shards
 
@@ -192,31 +193,75 @@ def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *
     return loss, stats
 
 
+def unroll_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive mask of unrolled draft step ``step`` (>= 2) over a cache holding steps ``1..step``.
+
+    Step ``s`` has one query per position ``j = s-1 .. length-1``: the chain that started from the true
+    prefix ``0..j-s+1`` and has drafted ``s-1`` features since. As when drafting, that query sees the
+    step-1 keys (true features) at positions ``<= j-step+1`` and, of every later step ``s``, only its
+    own chain's key, at position ``j-step+s``.
+    """
+    j = torch.arange(step - 1, length, device=device)
+    parts = [torch.arange(length, device=device)[None] <= (j - step + 1)[:, None]]
+    for s in range(2, step + 1):
+        parts.append(torch.arange(s - 1, length, device=device)[None] == (j - step + s)[:, None])
+    allowed = torch.cat(parts, dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: float, w_reg: float,
-              w_cls: float, generator: torch.Generator | None = None, train: bool = True,
+              w_cls: float, unroll: int = 1, generator: torch.Generator | None = None, train: bool = True,
               with_stats: bool = True):
     """EAGLE loss over a batch; returns (loss, stats). Noise only when ``train``; agreement stats
-    (top-1, and top-4 when not training) only ``with_stats``."""
+    (top-1, and top-4 when not training) only ``with_stats``.
+
+    ``unroll > 1`` adds the loss of draft steps 2..unroll ("training-time test"): step ``s`` reads
+    ``(t[j+1], its own predicted feature for f[j])`` at every position, attends as drafting does
+    (``unroll_mask``), and is fitted to ``f[j+1]`` like step 1. Tokens are the true ones (a chain
+    is only worth anything while its tokens are right). The steps' losses are averaged; ``top1``
+    stays step 1's, ``top1_s{s}`` is step ``s``'s."""
     tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
     b, length = tokens.shape
+    n_pos = length - 1  # head position j reads (t[j+1], f[j]) and predicts f[j+1]
     f_in = feats[:, :-1]
     if train and noise > 0:
         jitter = torch.rand(f_in.shape, generator=generator, device=f_in.device, dtype=f_in.dtype)
         f_in = f_in + (jitter * 2 - 1) * noise
-    pos = torch.arange(length - 1, device=tokens.device)
+    pos = torch.arange(n_pos, device=tokens.device)
+    answer = valid[:, 1:] & (pos[None] + 1 >= start[:, None])
+    cache = new_cache(head) if unroll > 1 else None
     pred = head(tokens[:, 1:], f_in, position_ids=pos.expand(b, -1),
-                attention_mask=causal_mask(length - 1, 0, f_in.dtype, tokens.device))
-    sel = valid[:, 1:] & (pos[None] + 1 >= start[:, None])
-    n = int(sel.sum())
-    if n == 0:
+                attention_mask=causal_mask(n_pos, 0, f_in.dtype, tokens.device), cache=cache)
+    total, stats, steps = None, {}, 0
+    for step in range(1, unroll + 1):
+        if step > 1:
+            if n_pos - step + 1 <= 0:
+                break
+            p_pos = pos[step - 1:]
+            pred = head(tokens[:, step:], pred[:, :-1], position_ids=p_pos.expand(b, -1),
+                        attention_mask=unroll_mask(n_pos, step, f_in.dtype, tokens.device), cache=cache)
+        sel = answer[:, step - 1:]
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        p, y = pred[sel], feats[:, step:][sel]
+        reg = F.smooth_l1_loss(p, y)
+        cls, step_stats = soft_cross_entropy(p, y, proj, topk=(1 if train else 4) if with_stats else 0)
+        loss = w_reg * reg + w_cls * cls
+        total = loss if total is None else total + loss
+        steps += 1
+        if step == 1:
+            step_stats.pop("entropy", None)
+            stats.update(step_stats, reg=reg.item(), cls=cls.item(), n=n)
+        elif "top1" in step_stats:
+            stats[f"top1_s{step}"] = step_stats["top1"]
+    if total is None:
         return pred.sum() * 0.0, {"loss": 0.0, "reg": 0.0, "cls": 0.0, "top1": 0.0, "n": 0}
-    p, y = pred[sel], feats[:, 1:][sel]
-    reg = F.smooth_l1_loss(p, y)
-    cls, stats = soft_cross_entropy(p, y, proj, topk=(1 if train else 4) if with_stats else 0)
-    stats.pop("entropy", None)
-    loss = w_reg * reg + w_cls * cls
-    stats.update(loss=loss.item(), reg=reg.item(), cls=cls.item(), n=n)
-    return loss, stats
+    total = total / steps
+    stats["loss"] = total.item()
+    stats.setdefault("n", 0)
+    return total, stats
 
 
 def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,
@@ -458,7 +503,7 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     head = new_head(target, cfg.get("init_from_target", False), cfg.get("num_layers", 1))
     proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.get("loss_dtype", "float32")))
     loss_fn = partial(head_loss, proj=proj, noise=cfg.noise, w_reg=cfg.get("w_reg", 1.0),
-                      w_cls=cfg.get("w_cls", 0.1))
+                      w_cls=cfg.get("w_cls", 0.1), unroll=int(cfg.get("unroll", 1)))
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", **kwargs)
     return head.eval(), summary
 

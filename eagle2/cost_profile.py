@@ -1,0 +1,164 @@
+"""Measured round costs of one target + EAGLE head on this machine, and the budget they imply.
+
+``method=eagle2 method.total_tokens=auto`` verifies, each round, the ``m`` best drafted nodes (by path
+value V) that maximise the expected tokens per second
+
+    (1 + V_1 + ... + V_m) / (T_draft + T_verify(m + 1))
+
+where ``1 + sum V`` estimates the tokens a round yields (the bonus token plus each node's chance of
+being accepted, when V is calibrated), ``T_verify(q)`` is one target forward over ``q`` tree tokens
+(root included) plus its LM head, and ``T_draft`` one drafting round at the configured depth.
+
+Both are measured once per (target, head, drafting settings, device, dtype, threads) on a context of
+``context`` tokens and cached as JSON (``method.profile_dir``, default ``~/.cache/eagle2/profiles``);
+``method.reprofile=true`` measures again. The choice depends only on the profile and the draft, never
+on live timings, so a seeded run is reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from eagle2.cache import crop, forward_target, new_cache
+
+DEFAULT_DIR = Path(os.environ.get("EAGLE2_CACHE", Path.home() / ".cache" / "eagle2")) / "profiles"
+_loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
+
+
+@dataclass
+class CostProfile:
+    verify_s: list[float]  # verify_s[q-1]: target forward over q tree tokens + LM head
+    draft_s: list[float]  # draft_s[d-1]: one drafting round at depth d (head forwards + top-k + bookkeeping)
+    context: int
+    meta: dict
+
+    def verify(self, q: int) -> float:
+        """T_verify(q); beyond the measured range, extrapolated linearly from the last two points."""
+        if q <= len(self.verify_s):
+            return self.verify_s[q - 1]
+        slope = self.verify_s[-1] - self.verify_s[-2] if len(self.verify_s) > 1 else 0.0
+        return self.verify_s[-1] + slope * (q - len(self.verify_s))
+
+    def draft(self, depth: int) -> float:
+        return self.draft_s[min(depth, len(self.draft_s)) - 1]
+
+
+def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple[int, float, float]:
+    """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
+    Returns (m, expected tokens of the round, predicted seconds of the round)."""
+    expected = 1.0 + torch.cumsum(values.double(), 0)
+    seconds = torch.tensor([profile.draft(depth) + profile.verify(m + 1) for m in range(1, len(values) + 1)],
+                           dtype=torch.float64)
+    m = int(torch.argmax(expected / seconds)) + 1
+    return m, float(expected[m - 1]), float(seconds[m - 1])
+
+
+def _clock(device) -> float:
+    import time
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _median_time(fn, reps: int, device) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = _clock(device)
+        fn()
+        times.append(_clock(device) - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float]:
+    """Median seconds of a target forward over a chain of q tree tokens after ``context`` tokens."""
+    from eagle2.tree import DraftTree
+
+    device = target.device
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    cache = new_cache(target)
+    forward_target(target, torch.randint(vocab, (1, context), generator=gen).to(device), cache)
+    out = []
+    for q in range(1, max_q + 1):
+        tree = DraftTree(torch.randint(vocab, (q,), generator=gen), torch.arange(-1, q - 1),
+                         confidence=torch.ones(q))
+        tokens = tree.tokens[None].to(device)
+
+        def verify():
+            mask, positions = tree.attention_mask(context, target.dtype, device), tree.position_ids(context, device)
+            hidden = forward_target(target, tokens, cache, attention_mask=mask, position_ids=positions)
+            target.lm_head(hidden[0])
+            crop(cache, context)
+
+        out.append(_median_time(verify, reps, device))
+    return out
+
+
+@torch.no_grad()
+def measure_draft(target, head, drafting: dict, *, depth: int, top_k: int, context: int, reps: int) -> list[float]:
+    """Median seconds of one EAGLE-2 drafting round at depths 1..``depth`` (``top_k`` per node)."""
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    device = target.device
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
+    hidden = forward_target(target, torch.tensor([prompt], device=device), new_cache(target))[0]
+    out = []
+    for d in range(1, depth + 1):
+        drafter = Eagle2Drafter(head, target.lm_head, device, depth=d, top_k=top_k, total_tokens=1, **drafting)
+        drafter.start(prompt, prompt[-1], hidden)
+
+        def round_():
+            drafter.propose(prompt[-1], room=1 << 30)
+            drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
+
+        out.append(_median_time(round_, reps, device))
+    return out
+
+
+def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int) -> str:
+    vocab = drafting.get("vocab")
+    facts = {"target": target.config.to_dict(), "head": head.config.to_dict(), "depth": depth, "top_k": top_k,
+             "draft_vocab": None if vocab is None else len(vocab), "lm_head_dtype": str(drafting.get("lm_head_dtype")),
+             "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
+             "context": context, "max_q": max_q, "torch": torch.__version__}
+    for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
+        facts["target"].pop(noisy, None)
+        facts["head"].pop(noisy, None)
+    return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def get_profile(target, head, drafting: dict, *, depth: int, top_k: int, profile_dir: str | Path | None = None,
+                remeasure: bool = False, context: int = 256, max_q: int = 64, reps: int = 3) -> CostProfile:
+    """The cached profile for this target/head/settings on this machine, measured if absent."""
+    key = profile_key(target, head, drafting, depth, top_k, context, max_q)
+    path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
+    if key in _loaded:  # reprofile means once per process, not once per drafter
+        return _loaded[key]
+    if not remeasure and path.exists():
+        profile = CostProfile(**json.loads(path.read_text()))
+    else:
+        context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
+        print(f"[eagle2] measuring the cost profile (verify q=1..{max_q}, draft depth 1..{depth}) -> {path}",
+              flush=True)
+        verify = measure_verify(target, context=context, max_q=max_q, reps=reps)
+        draft = measure_draft(target, head, drafting, depth=depth, top_k=top_k, context=context, reps=reps)
+        profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
+                                                        "dtype": str(target.dtype),
+                                                        "threads": torch.get_num_threads()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(profile), indent=1))
+        os.replace(tmp, path)
+    _loaded[key] = profile
+    return profile

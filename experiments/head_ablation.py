@@ -1,0 +1,111 @@
+"""Head-training ablation on SmolLM2: train one EAGLE head per lever on the same corpus, then tabulate.
+
+    python -m experiments.head_ablation run base unroll3 --steps 300      # train + evaluate (resumable)
+    python -m experiments.head_ablation table                              # markdown table of all finished
+
+Every variant is ``python train_head.py`` with its own overrides (printed and stored in
+``<root>/<variant>/command.txt``), its own run and export folders under ``--root``, and the same
+corpus (the first ``--batches`` batches of the self-distillation corpus), step count and seed. Each
+head is evaluated by the recipe's eval stage: teacher-forced top-1/top-4 and greedy-chain acceptance
+on held-out MT-bench first turns (the target's greedy answers) and on held-out Alpaca shards. The
+shipped head's own ``eval.json`` is listed beside them as a reference row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SELF_CORPUS = "artifacts/work/smollm2/corpus"
+DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
+
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "base": ("random init, 1 step, target's greedy answers", []),
+    "dataset_answers": ("Alpaca's own answers (teacher-forced) instead of the target's",
+                        ["train.corpus.responses=dataset", f"train.corpus.out_dir={DATASET_CORPUS}"]),
+    "init_target": ("layer initialised from the target's last layer, fc = [0 | I]",
+                    ["train.head.init_from_target=true"]),
+    "unroll2": ("training-time test: 2 draft steps on own features", ["train.head.unroll=2"]),
+    "unroll3": ("training-time test: 3 draft steps on own features", ["train.head.unroll=3"]),
+    "two_layers": ("2 decoder layers (format extension)", ["train.head.num_layers=2"]),
+}
+SHIPPED = ROOT / "artifacts/smollm2/eagle_head"
+
+
+def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: int) -> list[str]:
+    folder = root / name
+    return [f"threads={threads}", f"train.corpus.max_batches={batches}", f"train.head.max_steps={steps}",
+            f"train.head.out_dir={folder / 'run'}", f"train.export.head={folder / 'head'}",
+            "train.eval.kinds=[head]", *VARIANTS[name][1]]
+
+
+def run_variant(name: str, root: Path, steps: int, batches: int, threads: int) -> None:
+    over = variant_overrides(name, root, steps, batches, threads)
+    # the eval stage always measures on the self-distilled corpus' held-out shards and on MT-bench
+    eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=")]
+    stages = (["corpus"] if any(o.startswith("train.corpus.responses=") for o in over) else []) + ["head"]
+    commands = [[sys.executable, "train_head.py", f"stage={s}", *over] for s in stages]
+    commands.append([sys.executable, "train_head.py", "stage=eval", *eval_over])
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "command.txt").write_text("\n".join(shlex.join(c[1:]) for c in commands) + "\n")
+    timing_file = folder / "timing.json"
+    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
+    for stage, cmd in zip([*stages, "eval"], commands):
+        print("+", shlex.join(cmd[1:]), flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        timing[stage] = timing.get(stage, 0.0) + time.time() - t0  # summed over resumed runs
+        timing_file.write_text(json.dumps(timing, indent=2))
+
+
+def _row(name: str, note: str, eval_json: Path, timing: dict) -> str:
+    ev = json.loads(eval_json.read_text())
+    mt, al = ev["mt_bench"], ev["alpaca_heldout"]
+    acc = " ".join(f"{p:.3f}" for p in mt["chain"]["accept_ge"].values())
+    minutes = f"{timing['head'] / 60:.0f}" if "head" in timing else "-"
+    return (f"| {name} | {note} | {mt['teacher_forced']['top1']:.3f} | {mt['teacher_forced']['top4']:.3f} | "
+            f"{acc} | {mt['chain']['tau']:.2f} | {al['teacher_forced']['top1']:.3f} | {al['chain']['tau']:.2f} | "
+            f"{minutes} |")
+
+
+def table(root: Path) -> str:
+    lines = ["| variant | lever | MT-bench top-1 | top-4 | P(len >= d), d = 1..5 | chain tau | "
+             "Alpaca top-1 | Alpaca tau | train min |", "|---|---|---|---|---|---|---|---|---|"]
+    if (SHIPPED / "eval.json").exists():
+        lines.append(_row("shipped before", "the previous shipped head (700 steps, 78 batches)",
+                          SHIPPED / "eval.json", {}))
+    for name, (note, _) in VARIANTS.items():
+        ev = root / name / "head" / "eval.json"
+        if ev.exists():
+            timing_file = root / name / "timing.json"
+            lines.append(_row(name, note, ev, json.loads(timing_file.read_text()) if timing_file.exists() else {}))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=["run", "table"])
+    ap.add_argument("variants", nargs="*", help=f"for run: some of {', '.join(VARIANTS)}")
+    ap.add_argument("--root", type=Path, default=ROOT / "artifacts/work/ablation")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batches", type=int, default=40, help="corpus batches of 32 conversations")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.action == "run":
+        unknown = [v for v in args.variants if v not in VARIANTS]
+        if unknown or not args.variants:
+            ap.error(f"choose variants from {', '.join(VARIANTS)} (got {args.variants})")
+        for name in args.variants:
+            run_variant(name, args.root, args.steps, args.batches, args.threads)
+    print(table(args.root))
+
+
+if __name__ == "__main__":
+    main()

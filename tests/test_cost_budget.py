@@ -1,0 +1,110 @@
+"""The cost-model budget (``method.total_tokens=auto``): the choice rule, the cached profile, and what
+a run records per round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import eagle2.cost_profile as cp
+import eagle2.engine as engine
+from eagle2.drafters import build_drafter
+from eagle2.sampling import SamplingParams
+from tests.conftest import tiny_head, tiny_llama
+
+
+def profile(verify, draft=0.0):
+    return cp.CostProfile(list(verify), [draft] * 3, context=16, meta={})
+
+
+def brute_force(values, prof, depth):
+    best, best_m = -1.0, 0
+    for m in range(1, len(values) + 1):
+        rate = (1 + sum(values[:m])) / (prof.draft(depth) + prof.verify(m + 1))
+        if rate > best:
+            best, best_m = rate, m
+    return best_m
+
+
+@pytest.mark.parametrize("verify,draft,values,want", [
+    ([1.0] * 8, 0.0, [0.9, 0.5, 0.1, 0.01], 4),             # free verification: every node pays
+    ([1.0, 2.0, 3.0, 4.0, 5.0], 0.0, [0.9, 0.1, 0.05], 1),   # cost linear in q: only the sure node
+    ([1.0, 1.1, 1.2, 3.0, 3.1, 3.2], 0.5, [0.8, 0.6, 0.5, 0.4, 0.3], 2),  # a cliff after 3 tokens
+])
+def test_best_budget_maximises_expected_rate(verify, draft, values, want):
+    prof = profile(verify, draft)
+    m, expected, seconds = cp.best_budget(torch.tensor(values), prof, depth=3)
+    assert m == want == brute_force(values, prof, 3)
+    assert expected == pytest.approx(1 + sum(values[:m]))
+    assert seconds == pytest.approx(draft + verify[m])
+
+
+def test_verify_cost_extrapolates_past_the_measured_range():
+    prof = profile([1.0, 2.0, 4.0])
+    assert prof.verify(3) == 4.0 and prof.verify(5) == 8.0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = tiny_llama(vocab=16, layers=2, seed=0, scale=10.0)
+    return target, tiny_head(target, seed=2)
+
+
+def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch):
+    target, head = tiny
+    prof = cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
+    assert len(prof.verify_s) == 6 and len(prof.draft_s) == 2 and all(t > 0 for t in prof.verify_s + prof.draft_s)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["verify_s"] == prof.verify_s
+    monkeypatch.setattr(cp, "_loaded", {})  # a new process: the file is read, nothing measured
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cp, "measure_verify", no_measuring)
+    again = cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
+    assert again.verify_s == prof.verify_s
+    other = tmp_path / "other"  # other settings: another profile
+    with pytest.raises(AssertionError, match="measured again"):
+        cp.get_profile(target, head, {}, depth=3, top_k=2, profile_dir=other, max_q=6, reps=1, context=8)
+
+
+def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
+    target, head = tiny
+    cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
+    monkeypatch.setattr(cp, "_loaded", {})
+    calls = []
+    real = cp.measure_verify
+    monkeypatch.setattr(cp, "measure_verify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8,
+                   remeasure=True)
+    assert calls == [1]
+
+
+def test_auto_budget_is_recorded_per_round(tiny, tmp_path):
+    target, head = tiny
+    # a profile where verifying more than 3 tokens is very expensive: the budget must stay <= 2
+    key = cp.profile_key(target, head, {"lm_head_dtype": None, "vocab": None}, 3, 4, 256, 9)
+    (tmp_path / f"{key}.json").write_text(json.dumps(
+        {"verify_s": [1.0, 1.01, 1.02] + [50.0] * 6, "draft_s": [0.1] * 3, "context": 256, "meta": {}}))
+    method = OmegaConf.create({"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "auto",
+                               "max_total_tokens": 8, "profile_dir": str(tmp_path)})
+    drafter = build_drafter(method, target, SamplingParams(), None, head=head)
+    out = engine.generate(target, drafter, [2, 5, 3], SamplingParams(), 30, set())
+    assert out.rounds and all(r["budget_mode"] == "auto" and 1 <= r["budget"] <= 2 for r in out.rounds)
+    assert all(r["tree_size"] == r["budget"] + 1 for r in out.rounds)
+    nodes = {k: torch.tensor(v, dtype=torch.float64) for k, v in out.nodes.items()}
+    for i, r in enumerate(out.rounds):  # expected tokens = 1 + the path values of the verified nodes
+        kept = (nodes["round"] == i) & (nodes["tree_index"] > 0)
+        assert r["expected_tokens"] == pytest.approx(1 + float(nodes["value"][kept].sum()))
+        assert r["predicted_round_s"] == pytest.approx(0.1 + [1.0, 1.01, 1.02][r["budget"]])
+
+
+def test_bad_total_tokens_is_a_clear_error(tiny):
+    target, head = tiny
+    method = OmegaConf.create({"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "lots"})
+    with pytest.raises(ValueError, match="positive integer or auto"):
+        build_drafter(method, target, SamplingParams(), None, head=head)
