@@ -137,20 +137,27 @@ def position_acceptance(frame: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def tree_budget_curves(tb: pd.DataFrame, out: Path) -> list[Path]:
-    """From ``metrics.tree_budget_table``: speedup and tau against total_tokens, a line per (depth, top_k).
+    """From ``metrics.tree_budget_table``: speedup and tau against total_tokens, a line per (depth, top_k);
+    ``total_tokens=auto`` configs are stars at their mean chosen budget.
 
     One row of panels per (model, benchmark, temperature) that has two or more total_tokens values.
     """
+    tb = tb.copy()
+    tb["auto"] = tb.total_tokens.astype(str) == "auto"
+    tb["x"] = np.where(tb.auto, tb.mean_budget, pd.to_numeric(tb.total_tokens, errors="coerce"))
     groups = [(k, g) for k, g in tb.groupby(["model", "dataset", "temperature"], sort=False)
-              if g.total_tokens.nunique() >= 2]
+              if g.total_tokens.astype(str).nunique() >= 2]
     with plt.rc_context(PAPER_STYLE):
         fig, axes = plt.subplots(len(groups), 2, figsize=(FULL_WIDTH, 2.4 * len(groups) + 0.4), squeeze=False)
         for (left, right), ((model, dataset, temp), g) in zip(axes, groups):
             for (depth, top_k), line in g.groupby(["depth", "top_k"], dropna=False):
-                line = line.sort_values("total_tokens")
                 name = f"depth {depth:g}, top_k {top_k:g}"
-                left.plot(line.total_tokens, line.speedup, "o-", ms=3, label=name)
-                right.plot(line.total_tokens, line.tau, "o-", ms=3, label=name)
+                fixed, auto = line[~line.auto].sort_values("x"), line[line.auto]
+                for ax, col in ((left, "speedup"), (right, "tau")):
+                    drawn = ax.plot(fixed.x, fixed[col], "o-", ms=3, label=name)
+                    if not auto.empty:
+                        color = drawn[0].get_color()
+                        ax.plot(auto.x, auto[col], "*", ms=9, color=color, label=f"{name}, auto (mean budget)")
             if g.speedup.isna().all():
                 left.text(0.5, 0.5, "no baseline (no plain rows)", ha="center", transform=left.transAxes)
             where = f"{TITLES.get(dataset, dataset)}, {model}, T={temp:g}"
@@ -160,7 +167,7 @@ def tree_budget_curves(tb: pd.DataFrame, out: Path) -> list[Path]:
             right.set_ylabel("tau (tokens per target forward)")
             for ax in (left, right):
                 ax.set_xlabel("total_tokens (nodes verified per round)")
-                ax.set_xticks(sorted(g.total_tokens.unique()))
+                ax.set_xticks(sorted(g.loc[~g.auto, "x"].dropna().unique()))
             right.legend(loc="best", frameon=False)
         fig.tight_layout()
         return save(fig, out, "tree_budget")

@@ -49,6 +49,12 @@ def _round_sum(rounds: dict, key: str) -> float:
     return float(sum(v for v in (rounds or {}).get(key, []) if v is not None))
 
 
+def _round_mean(rounds_of_rows, key: str) -> float:
+    """Mean of a per-round record over all rounds of all rows that record it (NaN if none do)."""
+    values = [v for r in rounds_of_rows for v in (r or {}).get(key, []) if v is not None]
+    return float(np.mean(values)) if values else np.nan
+
+
 def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per (model, dataset, method, temperature, config): tokens/s, tau, speedup, time shares."""
     out = []
@@ -73,6 +79,10 @@ def _aggregate(g: pd.DataFrame) -> dict:
             "draft_share": draft / total if total else np.nan, "verify_share": verify / total if total else np.nan,
             "other_share": other / total if total else np.nan,
             "ms_per_round": 1000 * total / forwards if forwards else np.nan,
+            # EAGLE-2's verified nodes per round, and (total_tokens=auto) the cost model's expected
+            # tokens per round, 1 + sum of the verified path values: beside tau, a calibration check
+            "mean_budget": _round_mean(g.rounds, "budget"),
+            "expected_tau": _round_mean(g.rounds, "expected_tokens"),
             "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan}
 
 

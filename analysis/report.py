@@ -144,7 +144,7 @@ def _positions(rep: Report, rows: pd.DataFrame) -> None:
 
 def _tree_budget(rep: Report, rows: pd.DataFrame) -> None:
     tb = tree_budget_table(rows) if not rows.empty else pd.DataFrame()
-    if tb.empty or tb.groupby(["model", "dataset", "temperature"]).total_tokens.nunique().max() < 2:
+    if tb.empty or tb.total_tokens.astype(str).groupby([tb.model, tb.dataset, tb.temperature]).nunique().max() < 2:
         rep.notes.append("no EAGLE-2 runs over two or more total_tokens: no tree-budget curves")
         return
     rep.csv(tb, "tree_budget.csv", "EAGLE-2 speedup and tau per tree setting")

@@ -94,7 +94,7 @@ def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float
                          confidence=torch.ones(q))
         tokens = tree.tokens[None].to(device)
 
-        def verify():
+        def verify(tree=tree, tokens=tokens):
             mask, positions = tree.attention_mask(context, target.dtype, device), tree.position_ids(context, device)
             hidden = forward_target(target, tokens, cache, attention_mask=mask, position_ids=positions)
             target.lm_head(hidden[0])
@@ -118,7 +118,7 @@ def measure_draft(target, head, drafting: dict, *, depth: int, top_k: int, conte
         drafter = Eagle2Drafter(head, target.lm_head, device, depth=d, top_k=top_k, total_tokens=1, **drafting)
         drafter.start(prompt, prompt[-1], hidden)
 
-        def round_():
+        def round_(drafter=drafter):
             drafter.propose(prompt[-1], room=1 << 30)
             drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
 

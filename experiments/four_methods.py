@@ -1,11 +1,16 @@
-"""The four-method CPU table: plain, sps, eagle, eagle2 on SmolLM2, side by side in one run.
+"""The four-method CPU table: plain, sps, eagle, eagle2 (and eagle2 with the cost-model budget,
+``eagle2_auto``) on SmolLM2, side by side in one run, at one or more temperatures.
 
-Each (method, dataset) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
+Each (method, dataset, temperature) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
 table is computed from the stored rows by ``analysis.metrics``: tokens/s, speedup over plain on the
 same turns, tau, where round time goes (draft forwards, verify forwards, everything else), and the
 cost-model prediction speedup ~ tau * T(1) / (T_draft + T_verify) beside the measured speedup.
 
-Run: ``python -m experiments.four_methods --results results/four_methods [--limit 10] [overrides...]``
+For ``eagle2_auto`` rows, ``mean_budget`` is the mean number of nodes it chose to verify and
+``expected_tau`` the cost model's own estimate of tau (1 + the verified path values, per round).
+
+Run: ``python -m experiments.four_methods --results results/four_methods [--limit 10]
+[--temperatures 0,1] [overrides...]``
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from analysis.metrics import load_rows, method_table
+from eagle2.results import config_hash
 from eagle2.runner import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"]}  # name -> overrides
 
 
 def main() -> None:
@@ -27,23 +34,33 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--datasets", default="mt_bench,gsm8k")
     ap.add_argument("--methods", default="plain,sps,eagle,eagle2")
+    ap.add_argument("--temperatures", default="0")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. temperature=1.0")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.eagle2.total_tokens=16")
     args = ap.parse_args()
-    for dataset in args.datasets.split(","):
-        for method in args.methods.split(","):
-            with initialize_config_dir(str(CONF), version_base="1.3"):
-                cfg = compose("config", overrides=[
-                    f"method={method}", f"dataset={dataset}", f"dataset.limit={args.limit}",
-                    f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
-                    *args.overrides])
-            run(cfg)
+    names = {}  # config hash -> the method name given here
+    for temperature in args.temperatures.split(","):
+        for dataset in args.datasets.split(","):
+            for method in args.methods.split(","):
+                with initialize_config_dir(str(CONF), version_base="1.3"):
+                    cfg = compose("config", overrides=[
+                        *VARIANTS.get(method, [f"method={method}"]), f"dataset={dataset}",
+                        f"dataset.limit={args.limit}", f"temperature={temperature}",
+                        f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
+                        *args.overrides])
+                names[config_hash(cfg)] = method
+                run(cfg)
     rows = load_rows(args.results)
+    rows = rows[rows.config_hash.isin(names)]  # this run's cells only
     table = cost_model(method_table(rows))
-    cols = ["dataset", "method", "temperature", "turns", "tokens_per_s", "speedup", "predicted", "tau",
-            "ms_per_round", "draft_ms", "verify_ms", "other_share"]
-    print(table[cols].sort_values(["dataset", "method"]).to_markdown(index=False, floatfmt=".3f"))
-    print(greedy_identity(rows))
+    table["method"] = table.config_hash.map(names)
+    cols = ["dataset", "temperature", "method", "turns", "tokens_per_s", "speedup", "predicted", "tau",
+            "expected_tau", "mean_budget", "ms_per_round", "draft_ms", "verify_ms", "other_share"]
+    order = {m: i for i, m in enumerate(args.methods.split(","))}
+    table = table.sort_values(["dataset", "temperature", "method"], key=lambda c: c.map(order) if c.name == "method"
+                              else c)
+    print(table[cols].to_markdown(index=False, floatfmt=".3f"))
+    print(greedy_identity(rows.assign(method=rows.config_hash.map(names))))
 
 
 def greedy_identity(rows) -> str:

@@ -27,6 +27,7 @@ DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
 
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "base": ("random init, 1 step, target's greedy answers", []),
+    "half_data": ("half the training conversations (evenly spaced)", ["train.head.max_train_sequences=624"]),
     "dataset_answers": ("Alpaca's own answers (teacher-forced) instead of the target's",
                         ["train.corpus.responses=dataset", f"train.corpus.out_dir={DATASET_CORPUS}"]),
     "init_target": ("layer initialised from the target's last layer, fc = [0 | I]",

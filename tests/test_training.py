@@ -91,8 +91,9 @@ def test_corpus_split_and_batches(corpus):
     assert batches != make_batches(lengths, 256, 4, seed=0, epoch=1)
 
 
-def test_head_training_loss_decreases(target, corpus, tmp_path):
-    _, summary = train_head(target, corpus, head_cfg(epochs=8), tmp_path / "run")
+@pytest.mark.parametrize("unroll", [{}, {"unroll": 2, "unroll_cls_fraction": 0.5}], ids=["1-step", "unrolled"])
+def test_head_training_loss_decreases(target, corpus, tmp_path, unroll):
+    _, summary = train_head(target, corpus, head_cfg(epochs=8, **unroll), tmp_path / "run")
     losses = train_losses(tmp_path / "run")
     steps = sorted(losses)
     first, last = sum(losses[s] for s in steps[:3]) / 3, sum(losses[s] for s in steps[-3:]) / 3
