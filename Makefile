@@ -7,7 +7,7 @@ LIMIT ?= 3
 RESULTS ?= results
 REPORT ?= report
 
-.PHONY: help install demo test test-slow lint bench-plain bench-sps bench-table report train clean
+.PHONY: help install demo test test-slow lint bench-plain bench-sps bench-table report train ablation clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ report: install  ## figures and tables from RESULTS into REPORT
 
 train: install  ## train the SmolLM2 EAGLE head and SpS draft (full recipe, ~1-2 h on 2 cores)
 	$(PY) train_head.py train=smollm2 stage=all
+
+ablation: install  ## head-training ablation: one SmolLM2 head per lever (~15-40 min each, 1 core), then its table
+	$(PY) -m experiments.head_ablation run base half_data dataset_answers init_target unroll3 --steps 300
 
 clean:  ## remove Hydra outputs and caches (keeps results/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

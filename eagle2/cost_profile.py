@@ -28,13 +28,13 @@ import torch
 
 from eagle2.cache import crop, forward_target, new_cache
 
-DEFAULT_DIR = Path(os.environ.get("EAGLE2_CACHE", Path.home() / ".cache" / "eagle2")) / "profiles"
+DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
 
 
 @dataclass
 class CostProfile:
-    verify_s: list[float]  # verify_s[q-1]: target forward over q tree tokens + LM head
+    verify_s: list[float]  # verify_s[q-1]: target forward over q tree tokens + LM head (made monotone)
     draft_s: list[float]  # draft_s[d-1]: one drafting round at depth d (head forwards + top-k + bookkeeping)
     context: int
     meta: dict
@@ -58,6 +58,18 @@ def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple
                            dtype=torch.float64)
     m = int(torch.argmax(expected / seconds)) + 1
     return m, float(expected[m - 1]), float(seconds[m - 1])
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares, pool-adjacent-violators): a forward over more
+    tokens never costs less, and single noisy timings should not steer the budget."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def _clock(device) -> float:
@@ -139,7 +151,7 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
 
 
 def get_profile(target, head, drafting: dict, *, depth: int, top_k: int, profile_dir: str | Path | None = None,
-                remeasure: bool = False, context: int = 256, max_q: int = 64, reps: int = 3) -> CostProfile:
+                remeasure: bool = False, context: int = 256, max_q: int = 64, reps: int = 5) -> CostProfile:
     """The cached profile for this target/head/settings on this machine, measured if absent."""
     key = profile_key(target, head, drafting, depth, top_k, context, max_q)
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
@@ -151,7 +163,7 @@ def get_profile(target, head, drafting: dict, *, depth: int, top_k: int, profile
         context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
         print(f"[eagle2] measuring the cost profile (verify q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
-        verify = measure_verify(target, context=context, max_q=max_q, reps=reps)
+        verify = monotone(measure_verify(target, context=context, max_q=max_q, reps=reps))
         draft = measure_draft(target, head, drafting, depth=depth, top_k=top_k, context=context, reps=reps)
         profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
                                                         "dtype": str(target.dtype),

@@ -70,8 +70,10 @@ def greedy_identity(rows) -> str:
     lines = []
     for method, g in greedy[greedy.method != "plain"].groupby("method"):
         pairs = [(ids, plain.get(key)) for key, ids in zip(zip(g.dataset, g.question_id, g.turn), g.output_ids)]
-        same = sum(ref is not None and list(ids) == list(ref) for ids, ref in pairs)
-        lines.append(f"greedy identity {method} vs plain: {same}/{len(pairs)} turns token-identical")
+        pairs = [(ids, ref) for ids, ref in pairs if ref is not None]
+        same = sum(list(ids) == list(ref) for ids, ref in pairs)
+        lines.append(f"greedy identity {method} vs plain: {same}/{len(pairs)} turns token-identical"
+                     + ("" if pairs else " (no plain turns to compare with)"))
     return "\n".join(lines)
 
 

@@ -42,6 +42,12 @@ def test_best_budget_maximises_expected_rate(verify, draft, values, want):
     assert seconds == pytest.approx(draft + verify[m])
 
 
+def test_monotone_pools_violators():
+    assert cp.monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert cp.monotone([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
+    assert cp.monotone([1.0, 2.0]) == [1.0, 2.0]
+
+
 def test_verify_cost_extrapolates_past_the_measured_range():
     prof = profile([1.0, 2.0, 4.0])
     assert prof.verify(3) == 4.0 and prof.verify(5) == 8.0
