@@ -35,6 +35,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "unroll2": ("training-time test: 2 draft steps on own features", ["train.head.unroll=2"]),
     "unroll3": ("training-time test: 3 draft steps on own features", ["train.head.unroll=3"]),
     "two_layers": ("2 decoder layers (format extension)", ["train.head.num_layers=2"]),
+    "prev_unroll3": ("the previous head continued with unroll 3 (lr 3e-4)",
+                     ["train.head.init_from=artifacts/work/prev_head", "train.head.unroll=3", "train.head.lr=3e-4"]),
 }
 SHIPPED = ROOT / "artifacts/smollm2/eagle_head"
 

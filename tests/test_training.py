@@ -398,3 +398,17 @@ def test_unrolled_head_loss_matches_step_by_step_drafting(target, corpus, steps)
         step_losses.append(F.smooth_l1_loss(torch.stack(p), torch.stack(y)))
     assert loss.item() == pytest.approx(float(sum(step_losses) / steps), rel=1e-4)
     assert f"top1_s{steps}" in stats
+
+
+def test_head_training_continues_from_a_saved_head(target, corpus, tmp_path):
+    """``init_from``: training starts from a saved head's weights (lr 0 keeps them) and its vocabulary."""
+    start = tiny_head(target, seed=5)
+    start.draft_vocab = torch.tensor([4, 9, 7])
+    save_head(start, tmp_path / "start")
+    trained, _ = train_head(target, corpus, head_cfg(epochs=1, lr=0.0, init_from=str(tmp_path / "start")),
+                            tmp_path / "run")
+    for (k, a), b in zip(start.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert trained.draft_vocab.tolist() == [4, 9, 7]
+    fresh, _ = train_head(target, corpus, head_cfg(epochs=1, lr=0.0), tmp_path / "fresh")
+    assert not torch.equal(fresh.fc.weight, start.fc.weight)

@@ -511,6 +511,12 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     target.requires_grad_(False)
     train_seqs, val_seqs = _split(corpus_dir, cfg)
     head = new_head(target, cfg.get("init_from_target", False), cfg.get("num_layers", 1))
+    if cfg.get("init_from"):  # continue from a trained head (published format); its draft vocabulary too
+        from eagle2.head import load_head
+
+        start = load_head(cfg.init_from, target)
+        head.load_state_dict(start.state_dict(), strict=False)
+        head.draft_vocab = start.draft_vocab
     proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.get("loss_dtype", "float32")))
     loss_fn = partial(head_loss, proj=proj, noise=cfg.noise, w_reg=cfg.get("w_reg", 1.0),
                       w_cls=cfg.get("w_cls", 0.1), unroll=int(cfg.get("unroll", 1)),
@@ -580,7 +586,8 @@ def head_stage(target, cfg, root: Path) -> Path | None:
         return None
     from eagle2.training.corpus import tokens_by_frequency
 
-    head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
+    if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
+        head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
     dtype = export_dtype(head, cfg.train.export.head_max_mb)
     folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
     _check_size(folder, cfg.train.export.head_max_mb)
