@@ -7,8 +7,10 @@ Every variant is ``python train_head.py`` with its own overrides (printed and st
 ``<root>/<variant>/command.txt``), its own run and export folders under ``--root``, and the same
 corpus (the first ``--batches`` batches of the self-distillation corpus), step count and seed. Each
 head is evaluated by the recipe's eval stage: teacher-forced top-1/top-4 and greedy-chain acceptance
-on held-out MT-bench first turns (the target's greedy answers) and on held-out Alpaca shards. The
-shipped head's own ``eval.json`` is listed beside them as a reference row.
+on held-out MT-bench first turns (the target's greedy answers) and on held-out Alpaca shards. A
+``<root>/previous_head/eval.json`` (the eval of the head a variant continues from) is listed first as
+a reference row. ``artifacts/smollm2/ablation`` keeps each variant's eval.json, command.txt and
+timing.json (``table --root artifacts/smollm2/ablation`` prints the card's table from them).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "prev_unroll3": ("the previous head continued with unroll 3 (lr 3e-4)",
                      ["train.head.init_from=artifacts/work/prev_head", "train.head.unroll=3", "train.head.lr=3e-4"]),
 }
-SHIPPED = ROOT / "artifacts/smollm2/eagle_head"
 
 
 def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: int) -> list[str]:
@@ -81,14 +82,15 @@ def _row(name: str, note: str, eval_json: Path, timing: dict) -> str:
 def table(root: Path) -> str:
     lines = ["| variant | lever | MT-bench top-1 | top-4 | P(len >= d), d = 1..5 | chain tau | "
              "Alpaca top-1 | Alpaca tau | train min |", "|---|---|---|---|---|---|---|---|---|"]
-    if (SHIPPED / "eval.json").exists():
-        lines.append(_row("shipped before", "the previous shipped head (700 steps, 78 batches)",
-                          SHIPPED / "eval.json", {}))
+    if (root / "previous_head" / "eval.json").exists():
+        lines.append(_row("previous_head", "the head shipped before (700 steps, 78 batches)",
+                          root / "previous_head" / "eval.json", {}))
     for name, (note, _) in VARIANTS.items():
-        ev = root / name / "head" / "eval.json"
-        if ev.exists():
-            timing_file = root / name / "timing.json"
-            lines.append(_row(name, note, ev, json.loads(timing_file.read_text()) if timing_file.exists() else {}))
+        ev = next((f for f in (root / name / "head" / "eval.json", root / name / "eval.json") if f.exists()), None)
+        if ev is None:
+            continue
+        timing_file = root / name / "timing.json"
+        lines.append(_row(name, note, ev, json.loads(timing_file.read_text()) if timing_file.exists() else {}))
     return "\n".join(lines)
 
 
