@@ -67,7 +67,7 @@ EXPECTED_SWEEPS = {
                "temperature": "0.0,1.0"},
     "fig1": {"method": "plain,sps,eagle,eagle2"},
     "calibration": {"method": "eagle2,eagle", "dataset": "alpaca,mt_bench"},
-    "tree_budget": {"method": "eagle2", "method.total_tokens": "4,8,16,32,48", "method.depth": "3,6",
+    "tree_budget": {"method": "eagle2", "method.total_tokens": "4,8,16,32,48,auto", "method.depth": "3,6",
                     "method.top_k": "4,10"},
     "static_vs_dynamic": {"method": "plain,eagle,eagle2", "dataset": "mt_bench,gsm8k"},
 }
