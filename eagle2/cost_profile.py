@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from eagle2.cache import crop, forward_target, new_cache
+from eagle2.engine import device_clock
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
@@ -72,21 +73,13 @@ def monotone(values: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
-def _clock(device) -> float:
-    import time
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def _median_time(fn, reps: int, device) -> float:
     fn()  # warm-up
     times = []
     for _ in range(reps):
-        t0 = _clock(device)
+        t0 = device_clock(device)
         fn()
-        times.append(_clock(device) - t0)
+        times.append(device_clock(device) - t0)
     return statistics.median(times)
 
 

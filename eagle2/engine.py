@@ -49,7 +49,8 @@ class GenerationOutput:
         return len(self.accept_lengths)
 
 
-def _clock(device) -> float:
+def device_clock(device) -> float:
+    """perf_counter after the device's queued work is done (a CUDA sync), for timing forwards."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -75,22 +76,22 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
     if len(prompt_ids) + 1 > limit:
         raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
     cache = new_cache(target)
-    start = _clock(device)
+    start = device_clock(device)
     hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
     first = next_token(target.lm_head(hidden[0, -1]), params, generator)
     drafter.start(prompt_ids, first, hidden[0] if drafter.needs_hidden else None)
-    decode_start = _clock(device)
+    decode_start = device_clock(device)
     out, root, prefix = [first], first, len(prompt_ids)
     accept_lengths, rounds, nodes = [], [], {}
     while len(out) < max_new_tokens and out[-1] not in eos_ids and prefix + 1 <= limit:
-        t0, f0 = _clock(device), drafter.forward_time
+        t0, f0 = device_clock(device), drafter.forward_time
         tree = drafter.propose(root, room=limit - prefix)
-        t1 = _clock(device)
+        t1 = device_clock(device)
         mask = tree.attention_mask(prefix, target.dtype, device)
         hidden = forward_target(target, tree.tokens[None].to(device), cache, attention_mask=mask,
                                 position_ids=tree.position_ids(prefix, device))
         logits = target.lm_head(hidden[0])  # (N, V)
-        t2 = _clock(device)
+        t2 = device_clock(device)
         if params.greedy:
             path, bonus = accept_greedy(tree, logits)
         else:
@@ -103,12 +104,12 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
         prefix, root = prefix + len(kept), bonus
         accept_lengths.append(len(new))
         _record_nodes(nodes, tree, len(rounds), path)
-        t3 = _clock(device)
+        t3 = device_clock(device)
         draft_forward = drafter.forward_time - f0
         rounds.append({"tree_size": len(tree), "accepted": len(path), "draft_time_s": t1 - t0,
                        "draft_forward_s": draft_forward, "verify_forward_s": t2 - t1,
                        "other_s": (t3 - t0) - draft_forward - (t2 - t1), **tree.meta})
-    end = _clock(device)
+    end = device_clock(device)
     out = _trim(out, eos_ids, max_new_tokens)
     _trim_lengths(accept_lengths, len(out) - 1)
     return GenerationOutput(out, decode_start - start, end - decode_start, accept_lengths, rounds, nodes)
