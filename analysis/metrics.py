@@ -88,12 +88,12 @@ def _aggregate(g: pd.DataFrame) -> dict:
 
 def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
     """Plain-decoding rows comparable with the config ``g``: same model, dataset, temperature and,
-    where recorded, the same max_new_tokens and seed; of several such plain configs, the one sharing
+    where recorded, the same max_new_tokens, seed and dtype; of several such plain configs, the one sharing
     the most question turns with ``g`` (never a pool of several)."""
     first = g.iloc[0]
     mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
         rows.temperature == first.temperature)
-    for key in ("max_new_tokens", "seed"):
+    for key in ("max_new_tokens", "seed", "dtype"):
         if key in rows and pd.notna(first.get(key)):
             mask &= rows[key] == first[key]
     base = rows[mask]

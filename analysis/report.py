@@ -8,7 +8,10 @@ Reads every row and per-node record under RESULTS_DIR (``analysis.metrics``) and
 - ``speedup_bars``, ``calibration``, ``acceptance_by_position``, ``tree_budget``: figures, PNG and PDF;
 - ``calibration.csv``, ``acceptance_by_rank.csv``, ``acceptance_by_position.csv``, ``tree_budget.csv``,
   ``failures.csv``: the numbers behind them;
-- ``summary.md``: what was written, what was skipped and why, and the failures still standing.
+- ``identity.csv``: per greedy speculative config, turns identical to plain decoding, numeric and
+  algorithmic divergences (from ``python -m eagle2.identity`` records) and unaudited ones;
+- ``summary.md``: what was written, what was skipped and why, the identity audit's totals, and the
+  failures still standing.
 
 An input that is missing (no node records, no plain baseline, no tree-budget sweep) is skipped with a
 note. ``--wandb`` also logs the figures and tables (per-node records included) to an offline W&B run.
@@ -26,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
+from analysis.identity import identity_table
 from analysis.metrics import (
     acceptance_by_rank,
     calibration,
@@ -151,6 +155,28 @@ def _tree_budget(rep: Report, rows: pd.DataFrame) -> None:
     rep.add(figures.tree_budget_curves(tb, rep.out), "speedup and tau against total_tokens")
 
 
+def _identity(rep: Report, results: Path, rows: pd.DataFrame) -> None:
+    table = identity_table(results, rows)
+    if table.empty:
+        rep.notes.append("no greedy speculative rows: no identity.csv")
+        return
+    rep.csv(table, "identity.csv", "per greedy config: turns identical to plain, numeric / algorithmic divergences")
+
+
+def _identity_lines(rep: Report) -> list[str]:
+    table = rep.frames.get("identity")
+    if table is None or table.empty:
+        return []
+    total = {s: int(table[s].sum()) for s in ("turns", "identical", "numeric", "algorithmic", "unaudited", "no_plain")}
+    line = (f"{total['turns']} greedy speculative turns: {total['identical']} identical to plain decoding, "
+            f"{total['numeric']} numeric divergences, {total['algorithmic']} algorithmic, "
+            f"{total['unaudited']} divergent but not audited yet (`python -m eagle2.identity RESULTS`), "
+            f"{total['no_plain']} without a matched plain turn.")
+    if total["algorithmic"]:
+        line = "**FAILED CHECK: algorithmic divergences (see identity.csv).** " + line
+    return ["## Identity at temperature 0", "", line, ""]
+
+
 def _failures(rep: Report, results: Path) -> None:
     failures = load_failures(results)
     rep.frames["failures"] = failures
@@ -194,6 +220,7 @@ def _summary(rep: Report, results: Path, rows: pd.DataFrame, nodes: pd.DataFrame
              f"configs; {len(nodes)} per-node records.", "", "## Written", ""]
     lines += [f"- `{p.relative_to(rep.out)}`: {what}" for p, what in rep.written]
     lines += ["- `summary.md`: this file", ""]
+    lines += _identity_lines(rep)
     if rep.notes:
         lines += ["## Skipped or partial", ""] + [f"- {n}" for n in rep.notes] + [""]
     failures = rep.frames.get("failures", pd.DataFrame())
@@ -220,6 +247,7 @@ def build_report(results: str | Path, out: str | Path, published: str | Path = P
     rep.section("calibration", _calibration, nodes)
     rep.section("per-position acceptance", _positions, rows)
     rep.section("tree budget", _tree_budget, rows)
+    rep.section("identity", _identity, results, rows)
     if use_wandb:
         rep.section("wandb", _wandb, nodes, wandb_project, results)
     (out / "summary.md").write_text(_summary(rep, results, rows, nodes))

@@ -40,6 +40,11 @@ def resolve_dtype(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
 
 
+def dtype_name(name: str) -> str:
+    """The canonical name of a config dtype string: ``bf16`` -> ``bfloat16``, ``fp32`` -> ``float32``."""
+    return str(resolve_dtype(name)).removeprefix("torch.")
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "eagle2"

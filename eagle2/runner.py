@@ -22,8 +22,8 @@ from eagle2.chat import encode_conversation
 from eagle2.data import PROJECT_ROOT, benchmark_file, load_questions
 from eagle2.drafters import build_drafter
 from eagle2.engine import ContextOverflowError, generate
-from eagle2.models import load_target
-from eagle2.results import ResultStore, config_hash
+from eagle2.models import dtype_name, load_target
+from eagle2.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
 from eagle2.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
         "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
         "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
         "seed": int(cfg.seed), "max_new_tokens": int(cfg.max_new_tokens), "config_hash": chash,
-        "status": "ok", "error": None,
-        "prompt_tokens": len(prompt), "new_tokens": out.new_tokens, "wall_time_s": out.wall_time_s,
+        "dtype": dtype_name(cfg.model.dtype), "status": "ok", "error": None,
+        "prompt_tokens": len(prompt), "prompt_ids": list(prompt), "new_tokens": out.new_tokens,
+        "wall_time_s": out.wall_time_s,
         "prefill_time_s": out.prefill_time_s, "target_forwards": out.target_forwards,
         "tokens_per_s": decoded / out.wall_time_s if out.wall_time_s > 0 else None,
         "tau": decoded / out.target_forwards if out.target_forwards else None,
@@ -127,7 +128,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
 def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> dict:
     return {"question_id": question_id, "turn": turn, "dataset": cfg.dataset.name, "model": cfg.model.name,
             "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
-            "config_hash": chash, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+            "dtype": dtype_name(cfg.model.dtype), "config_hash": chash, "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}",
             "timestamp": time.time(), **extra}
 
 
@@ -139,11 +141,14 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
     """
     import traceback
 
+    if isinstance(exc, (StoreBusyError, StoreWriteError)):  # the store itself is what failed: leave it be
+        return "nowhere: " + ("another run owns that rows file" if isinstance(exc, StoreBusyError)
+                              else "the rows file cannot be written")
     try:
         chash = config_hash(cfg)
-        store = ResultStore(cfg.paths.results, cfg.dataset.name, cfg.model.name, cfg.method.name, chash)
-        store.append(failed_row(cfg, chash, None, None, exc, scope="cell",
-                                traceback="".join(traceback.format_exception(exc))))
+        with ResultStore.for_config(cfg, chash) as store:
+            store.append(failed_row(cfg, chash, None, None, exc, scope="cell",
+                                    traceback="".join(traceback.format_exception(exc))))
         return str(store.rows_path)
     except Exception as store_exc:  # the failure is still reported by the caller
         log.error("could not record the failure: %s", store_exc)
@@ -156,13 +161,14 @@ def run(cfg: DictConfig) -> dict:
         torch.set_num_threads(int(cfg.threads))
     questions = dataset_questions(cfg)
     chash = config_hash(cfg)
-    store = ResultStore(cfg.paths.results, cfg.dataset.name, cfg.model.name, cfg.method.name, chash)
-    todo = [(q, t) for q in questions for t in range(len(q["turns"])) if not store.finished(q["question_id"], t)]
-    print(f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
-          f"{len(todo)} turns to run -> {store.rows_path}", flush=True)
-    if todo:
-        _decode_all(cfg, chash, store, questions)
-    summary = summarize(store, questions)
+    with ResultStore.for_config(cfg, chash) as store:  # one writer per rows file, released on any exit
+        todo = [(q, t) for q in questions for t in range(len(q["turns"]))
+                if not store.finished(q["question_id"], t)]
+        print(f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
+              f"{len(todo)} turns to run -> {store.rows_path}", flush=True)
+        if todo:
+            _decode_all(cfg, chash, store, questions)
+        summary = summarize(store, questions)
     print(format_summary(cfg, summary), flush=True)
     return summary
 

@@ -11,6 +11,7 @@ import eagle2.engine as engine
 from eagle2.chat import encode_conversation
 from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams
+from eagle2.tree import DraftTree
 from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
 
 GREEDY = SamplingParams()
@@ -126,3 +127,81 @@ def test_reduced_draft_vocabulary_stays_lossless(tiny):
         assert set(drafter.propose(2, room=50).tokens[1:].tolist()) <= {5, 3, 9, 1}
     finally:
         head.draft_vocab = None
+
+
+class SiblingOracle:
+    """A drafter (eagle2/engine.py's interface) that proposes the target's own greedy continuation
+    ``reference`` ``depth`` levels deep, never as a first child: at depth d the right token is sibling
+    rank 1 + d % 2, after wrong siblings that each carry a wrong child. A lossless engine accepts every
+    level, so each round commits depth + 1 tokens through non-first children."""
+
+    needs_hidden = False
+    forward_time = 0.0
+
+    def __init__(self, reference: list[int], vocab: int, depth: int = 4):
+        self.reference, self.vocab, self.depth, self.committed = reference, vocab, depth, 0
+
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.committed = 1
+
+    def observe(self, new_tokens, hidden) -> None:
+        self.committed += len(new_tokens)
+
+    def propose(self, root: int, room: int):
+        tokens, parents, parent = [root], [-1], 0
+        for d, right in enumerate(self.reference[self.committed: self.committed + self.depth], 1):
+            for k in range(1, 2 + d % 2):
+                wrong = (right + k) % self.vocab
+                tokens += [wrong, (wrong + 1) % self.vocab]
+                parents += [parent, len(tokens) - 2]
+            tokens.append(right)
+            parents.append(parent)
+            parent = len(tokens) - 1
+        return DraftTree(torch.tensor(tokens[:room]), torch.tensor(parents[:room]))
+
+
+def oracle_decode(target, prompt, n, eos=frozenset()):
+    """(plain output, oracle output) for ``n`` new tokens."""
+    reference = decode(target, {"name": "plain"}, prompt, n + 8, eos=eos).output_ids
+    oracle = SiblingOracle(reference, target.config.vocab_size)
+    return reference[:n], engine.generate(target, oracle, prompt, GREEDY, n, set(eos))
+
+
+@pytest.fixture(scope="module")
+def positional():
+    """A tiny target whose attention is sharp (q and k scaled up), so that its outputs depend on
+    position ids; random tiny Llamas attend almost uniformly and hardly notice wrong positions."""
+    target = tiny_llama(vocab=16, layers=2, seed=0, scale=10.0)
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.q_proj.weight.mul_(16.0)
+            layer.self_attn.k_proj.weight.mul_(16.0)
+    return target
+
+
+def flattened_position_ids(tree, prefix_len, device=None):
+    return (torch.arange(len(tree)) + prefix_len)[None].to(device)
+
+
+def test_deep_non_first_child_acceptance_equals_plain(positional):
+    for prompt in PROMPTS:
+        ref, out = oracle_decode(positional, prompt, 40)
+        assert out.output_ids == ref
+        assert out.accept_lengths[:-1] == [5] * (len(out.accept_lengths) - 1)  # 4 levels + the bonus, every round
+
+
+def test_flattened_position_ids_break_deep_sibling_identity(positional, monkeypatch):
+    """Negative control: position ids from the flattened tree index instead of depth are caught."""
+    monkeypatch.setattr(DraftTree, "position_ids", flattened_position_ids)
+    for prompt in PROMPTS:
+        ref, out = oracle_decode(positional, prompt, 40)
+        assert out.output_ids != ref
+
+
+def test_deep_non_first_child_acceptance_equals_plain_on_smollm2(smollm2, monkeypatch):
+    model, tok = smollm2
+    prompt = encode_conversation(tok, "tokenizer", [QUESTIONS[0]], [])
+    ref, out = oracle_decode(model, prompt, 16, eos={tok.eos_token_id})
+    assert out.output_ids == ref and max(out.accept_lengths) == 5
+    monkeypatch.setattr(DraftTree, "position_ids", flattened_position_ids)
+    assert oracle_decode(model, prompt, 16, eos={tok.eos_token_id})[1].output_ids != ref

@@ -207,3 +207,16 @@ def test_recipe_commands():
     assert cmds[2][1:] == ["-m", "analysis.report", "results/tree_budget", "--out", "report/tree_budget"]
     table1 = commands("table1", [], "/tmp/r", None)
     assert len(table1) == 1 and table1[0][-1] == "paths.results=/tmp/r"
+
+
+def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
+    from eagle2.results import ResultStore, config_hash
+
+    overrides = ["method=plain", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}"]
+    cfg = compose_cfg(*overrides)
+    with ResultStore.for_config(cfg, config_hash(cfg)) as first:  # this process is the first writer
+        out = run_py(*overrides, f"hydra.run.dir={tmp_path / 'hydra'}")
+    assert out.returncode != 0
+    errors = [line for line in out.stderr.splitlines() if "run failed" in line]
+    assert len(errors) == 1 and f"being written by pid {os.getpid()}" in errors[0] and "Traceback" not in out.stderr
+    assert not first.rows_path.exists() and read_rows(tmp_path) == []

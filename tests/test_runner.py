@@ -46,7 +46,7 @@ def test_plain_rows_and_resume(tmp_path):
 def test_eagle2_multiturn_matches_plain_and_writes_node_records(tmp_path, smollm2):
     head_dir = save_head(tiny_head(smollm2[0]), tmp_path / "head")
     common = ["dataset=mt_bench", "dataset.limit=1", "max_new_tokens=12", f"paths.results={tmp_path / 'r'}",
-              f"model.head={head_dir}"]
+              f"model.head={head_dir}", "model.dtype=float32"]  # exact token identity holds in fp32
     run(config("method=plain", *common))
     run(config("method=eagle2", "method.total_tokens=6", "method.depth=3", "method.top_k=3", *common))
     by_method = {}
@@ -117,3 +117,67 @@ def test_config_hash_tracks_what_changes_outputs():
     e2 = config_hash(config("method=eagle2"))
     assert config_hash(config("method=eagle2", "model.eagle2.total_tokens=99")) != e2
     assert config_hash(config("method=eagle2", "model.head=other")) != e2
+
+
+def plain_cfg(tmp_path, limit: int):
+    return config("method=plain", "dataset=nq", f"dataset.limit={limit}", "max_new_tokens=4", "model.dtype=float32",
+                  f"paths.results={tmp_path}")
+
+
+def test_torn_last_line_is_moved_aside_and_redone_by_one_rerun(tmp_path):
+    cfg = plain_cfg(tmp_path, 2)
+    run(cfg)
+    first = [(r["question_id"], r["status"]) for r in rows(tmp_path)]
+    path = next(tmp_path.rglob("*.jsonl"))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-40])  # a crash mid-write: the last row cut, no newline
+    assert run(cfg)["turns"] == 2
+    assert [(r["question_id"], r["status"]) for r in rows(tmp_path)] == first
+    assert path.with_suffix(".corrupt").read_bytes() == whole[whole.rindex(b"\n", 0, -1) + 1: -40] + b"\n"
+    run(cfg)  # nothing left to do
+    assert len(rows(tmp_path)) == 2 and not list(tmp_path.rglob("*.lock"))
+
+
+def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, monkeypatch):
+    from eagle2 import results
+    from eagle2.results import StoreWriteError
+    from eagle2.runner import record_cell_failure
+    from tests.test_results_store import FullDisk
+
+    run(plain_cfg(tmp_path, 1))
+    path = next(tmp_path.rglob("*.jsonl"))
+    before = path.read_bytes()
+    monkeypatch.setattr(results, "open", FullDisk(len(before) // 2), raising=False)
+    with pytest.raises(StoreWriteError, match="No space left") as full:
+        run(plain_cfg(tmp_path, 3))
+    assert record_cell_failure(plain_cfg(tmp_path, 3), full.value).startswith("nowhere")
+    assert path.read_bytes() == before and not list(tmp_path.rglob("*.partial"))
+    monkeypatch.undo()  # space freed
+    run(plain_cfg(tmp_path, 3))
+    stored = [(r["question_id"], r["status"]) for r in rows(tmp_path)]
+    assert len(set(stored)) == len(stored) == 3 and {status for _, status in stored} == {"ok"}
+
+
+def test_second_writer_of_a_config_is_refused_and_records_nothing(tmp_path):
+    import os
+
+    from eagle2.results import ResultStore, StoreBusyError, config_hash
+    from eagle2.runner import record_cell_failure
+
+    cfg = plain_cfg(tmp_path, 1)
+    with ResultStore.for_config(cfg, config_hash(cfg)) as first:
+        with pytest.raises(StoreBusyError, match=f"being written by pid {os.getpid()}") as busy:
+            run(cfg)
+        assert record_cell_failure(cfg, busy.value).startswith("nowhere")
+    assert not first.rows_path.exists()
+
+
+def test_a_failed_run_releases_its_lock_for_the_failure_row(tmp_path):
+    from eagle2.runner import record_cell_failure
+
+    cfg = config("method=eagle2", "dataset=nq", "dataset.limit=1", f"model.head={tmp_path / 'nope'}",
+                 f"paths.results={tmp_path}")
+    with pytest.raises(Exception, match="nope") as failed:
+        run(cfg)
+    assert record_cell_failure(cfg, failed.value).endswith(".jsonl")
+    assert [r["status"] for r in rows(tmp_path)] == ["failed"] and not list(tmp_path.rglob("*.lock"))
