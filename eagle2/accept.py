@@ -11,12 +11,15 @@ the drafter's. Rules:
     r = norm(max(0, r - q)).
   When every child is rejected (or there is none) the token is sampled from r. Both are the
   standard lossless speculative-sampling rule; a chain of sampled drafts is vanilla SpS.
+Every random choice is one ``Draws`` call (``eagle2.sampling``): a coin per tried child, then one
+categorical draw for the bonus/correction token; a test can pass its own ``Draws`` to enumerate them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from eagle2.sampling import Draws, as_draws
 from eagle2.tree import DraftTree
 
 
@@ -38,31 +41,36 @@ def _normalise(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return r / total if total > 0 else fallback
 
 
-def accept_stochastic(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator | None
+def _try_child(residual: torch.Tensor, x: int, q: torch.Tensor | None, p_node: torch.Tensor,
+               draws: Draws) -> tuple[bool, torch.Tensor]:
+    """One child with token x against the residual: (accepted?, the residual for the next sibling)."""
+    if q is None:  # chosen deterministically: accept with probability r(x)
+        if draws.accept(float(residual[x])):
+            return True, residual
+        residual = residual.clone()
+        residual[x] = 0.0
+        return False, _normalise(residual, p_node)
+    if draws.accept(float(residual[x]), float(q[x])):  # sampled from q: min(1, r(x) / q(x))
+        return True, residual
+    return False, _normalise((residual - q).clamp_min(0.0), p_node)
+
+
+def accept_stochastic(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator | Draws | None
                       ) -> tuple[list[int], int]:
-    """p_target (N, V): the target's distribution at every node. Returns (path, bonus token)."""
+    """p_target (N, V): the target's distribution at every node. Returns (path, bonus token).
+
+    ``generator``: a torch.Generator or None (torch's random stream), or any ``Draws``."""
+    draws = as_draws(generator)
     tokens = tree.tokens.tolist()
     node, path = 0, []
     while True:
-        residual = p_target[node]
-        accepted = None
+        p_node = residual = p_target[node]
         for child in tree.children[node]:
-            x = tokens[child]
-            u = float(torch.rand((), generator=generator))
-            if tree.q_draft is None:
-                if u < float(residual[x]):
-                    accepted = child
-                    break
-                residual = residual.clone()
-                residual[x] = 0.0
-                residual = _normalise(residual, p_target[node])
-            else:
-                q = tree.q_draft[child]
-                if float(q[x]) > 0 and u * float(q[x]) < float(residual[x]):
-                    accepted = child
-                    break
-                residual = _normalise((residual - q).clamp_min(0.0), p_target[node])
-        if accepted is None:
-            return path, int(torch.multinomial(residual, 1, generator=generator))
-        path.append(accepted)
-        node = accepted
+            q = None if tree.q_draft is None else tree.q_draft[child]
+            accepted, residual = _try_child(residual, tokens[child], q, p_node, draws)
+            if accepted:
+                path.append(child)
+                node = child
+                break
+        else:  # every child rejected, or none: the token comes from the residual
+            return path, draws.categorical(residual)

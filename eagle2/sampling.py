@@ -1,13 +1,21 @@
-"""Turning logits into the distributions that decoding and acceptance use.
+"""Turning logits into the distributions that decoding and acceptance use, and the random draws.
 
 Temperature, top-k and top-p are applied in one place, identically to the target's logits
 (``p_target``) and to a drafter's logits (``q_draft``). Temperature 0 means greedy: no distribution,
 just the argmax. Nothing here knows about trees or caches.
+
+Every random draw of decoding goes through a ``Draws`` object: ``accept(numerator, denominator)`` (a
+Bernoulli coin) and ``categorical(probs)`` (one token). Production uses ``TorchDraws``, a thin wrapper
+around a ``torch.Generator`` (or None) making exactly the calls decoding always made — one
+``torch.rand`` per coin, one ``torch.multinomial`` per token — so seeded outputs do not depend on the
+indirection. Tests pass their own ``Draws`` to enumerate every outcome of a round exactly. Functions
+taking a ``generator`` accept a ``torch.Generator``, None or a ``Draws`` (``as_draws``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -43,12 +51,43 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+class Draws(Protocol):
+    def accept(self, numerator: float, denominator: float = 1.0) -> bool:
+        """True with probability min(1, numerator / denominator); False when denominator <= 0."""
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        """One index drawn with probability proportional to the 1D non-negative ``probs``."""
+
+
+class TorchDraws:
+    """Draws from the torch random stream of ``generator`` (None: the global one)."""
+
+    def __init__(self, generator: torch.Generator | None):
+        self.generator = generator
+
+    def accept(self, numerator: float, denominator: float = 1.0) -> bool:
+        # the uniform is drawn even when denominator <= 0 (one draw per coin, whatever the outcome);
+        # with the default denominator 1.0, u * 1.0 == u exactly: the test is u < numerator
+        u = float(torch.rand((), generator=self.generator))
+        return denominator > 0 and u * denominator < numerator
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def as_draws(generator: torch.Generator | Draws | None) -> Draws:
+    """A ``Draws`` from a torch.Generator, None (torch's global stream) or a ``Draws`` (returned as is)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return TorchDraws(generator)
+    return generator
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | Draws | None) -> int:
     """One token from a 1D distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return as_draws(generator).categorical(probs)
 
 
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | Draws | None) -> int:
     """The next token from 1D logits: argmax when greedy, else a sample."""
     if params.greedy:
         return int(logits.argmax())

@@ -5,7 +5,8 @@ generated tokens (512 outcomes). Each method draws many samples through the real
 compared with it by a chi-square test (cells with expected count < 5 pooled; threshold fixed in
 advance: pass when p > 1e-3). Negative controls — deliberately broken rules — run through the very
 same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic`` alone with
-far more samples.
+far more samples. Sampling cannot see a small bias: ``test_certification_exact.py`` enumerates one
+round exactly (same models and methods); this file stays the end-to-end check over several rounds.
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
 def test_method_matches_target_distribution(models, name, params):
     target, draft, head = models
     counts = sample_counts(target, METHODS[name], params, 2500, seed=11, draft=draft, head=head)
+    assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
+
+
+def test_sps_draft_temperature_matches_target_distribution(models):
+    """SpS drafts sampled (and q recorded) at temperature 1.3 against a target at 0.7: still lossless."""
+    target, draft, head = models
+    params = SamplingParams(0.7)
+    method = {**METHODS["sps"], "draft_temperature": 1.3}
+    counts = sample_counts(target, method, params, 2500, seed=14, draft=draft)
     assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
 
 

@@ -33,7 +33,7 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
     if name == "sps":
         if draft_model is None:
             raise ValueError("method=sps needs a draft model (model.sps_draft)")
-        return SpsDrafter(draft_model, params, int(method_cfg.k), generator)
+        return SpsDrafter(draft_model, params, int(method_cfg.k), generator, method_cfg.get("draft_temperature"))
     if name in ("eagle", "eagle2") and head is None:
         raise ValueError(f"method={name} needs an EAGLE head (model.head)")
     drafting = {"lm_head_dtype": resolve_dtype(method_cfg.draft_lm_head_dtype)

@@ -3,17 +3,34 @@
 The draft keeps its own KV cache. It remembers which tokens its cache holds; before each proposal it
 rolls back to the longest prefix that agrees with the committed sequence and feeds the rest.
 Greedy drafts are argmaxes (deterministic); sampled drafts carry ``q_draft`` for acceptance.
+
+Draft temperature (``method.draft_temperature``; None = the target's settings): when the target
+samples (temperature > 0), drafts are sampled from, and ``q_draft`` records, the draft's distribution
+at ``draft_temperature`` with the target's top-k and top-p still applied (to the draft's own logits),
+so a draft never proposes from the tail those settings cut. Any such q is lossless: acceptance uses
+exactly the q the token was drawn from. ``draft_temperature=0`` makes greedy drafts, accepted by the
+rule for deterministically chosen children. When the target is greedy, drafts are greedy whatever
+``draft_temperature`` says (greedy acceptance never reads q). Each sampled draft token is one
+``Draws.categorical`` call (``eagle2.sampling``), so a test can enumerate every drafted chain.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from eagle2.cache import cache_kwargs, crop, new_cache
-from eagle2.sampling import SamplingParams, probabilities
+from eagle2.sampling import Draws, SamplingParams, as_draws, probabilities
 from eagle2.tree import DraftTree
+
+
+def draft_params(params: SamplingParams, draft_temperature: float | None) -> SamplingParams:
+    """The settings drafts are drawn with: the target's, with the temperature replaced when it samples."""
+    if params.greedy or draft_temperature is None:
+        return params
+    return replace(params, temperature=float(draft_temperature))
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -27,10 +44,13 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class SpsDrafter:
     needs_hidden = False
 
-    def __init__(self, draft_model, params: SamplingParams, k: int, generator: torch.Generator | None):
+    def __init__(self, draft_model, params: SamplingParams, k: int, generator: torch.Generator | Draws | None,
+                 draft_temperature: float | None = None):
         if k < 1:
             raise ValueError("method.k (draft tokens per round) must be >= 1")
-        self.model, self.params, self.k, self.generator = draft_model, params, k, generator
+        self.model, self.k = draft_model, k
+        self.params = draft_params(params, draft_temperature)
+        self.draws = as_draws(generator)
         self.forward_time = 0.0
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
@@ -50,6 +70,14 @@ class SpsDrafter:
         self.forward_time += time.perf_counter() - t0
         return logits
 
+    def _draft_token(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(the next draft token, the distribution it was chosen from)."""
+        if self.params.greedy:
+            probs = torch.softmax(logits.float(), -1)
+            return int(probs.argmax()), probs
+        probs = probabilities(logits, self.params)
+        return self.draws.categorical(probs), probs
+
     def propose(self, root: int, room: int) -> DraftTree:
         keep = _common_prefix(self.fed, self.sequence)
         if keep == len(self.sequence):  # always re-feed at least the root to get its logits
@@ -59,12 +87,7 @@ class SpsDrafter:
         logits = self._forward(self.sequence[keep:])
         drafted, q_rows, conf = [], [], []
         for step in range(min(self.k, room - 1)):
-            if self.params.greedy:
-                probs = torch.softmax(logits.float(), -1)
-                token = int(probs.argmax())
-            else:
-                probs = probabilities(logits, self.params)
-                token = int(torch.multinomial(probs, 1, generator=self.generator))
+            token, probs = self._draft_token(logits)
             drafted.append(token)
             q_rows.append(probs)
             conf.append(float(probs[token]))
