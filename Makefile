@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 LIMIT ?= 3
 RESULTS ?= results
 REPORT ?= report
+DTYPE ?= bfloat16
 
-.PHONY: help install demo test test-slow lint bench-plain bench-sps bench-table report train ablation clean
+.PHONY: help install demo test test-slow lint bench-plain bench-sps audit bench-table report train ablation clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,8 +23,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed  ## create .venv and install the project, its dev tools and SmolLM2
 
-demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) on the first LIMIT questions
+demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) and plain decoding on LIMIT questions; print the speedup
+	$(PY) run.py method=plain dataset.limit=$(LIMIT) paths.results=$(RESULTS)
 	$(PY) run.py dataset.limit=$(LIMIT) paths.results=$(RESULTS)
+	$(PY) -m analysis.speedup $(RESULTS) --dataset mt_bench --model smollm2
 
 test: install  ## the test suite (offline, CPU; slow tests excluded)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
@@ -34,11 +37,14 @@ test-slow: install  ## only the slow tests (many-sample certification, real trai
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
 
-bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio)
-	$(PY) -m experiments.bench_plain_vs_generate
+bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
+	$(PY) -m experiments.bench_plain_vs_generate --dtype $(DTYPE)
 
-bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2
-	$(PY) -m experiments.bench_sps_vs_assisted
+bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2 (bf16; DTYPE=float32 for exact)
+	$(PY) -m experiments.bench_sps_vs_assisted --dtype $(DTYPE)
+
+audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0
+	$(PY) -m eagle2.identity $(RESULTS)
 
 bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; mt_bench + gsm8k)
 	$(PY) -m experiments.four_methods --results $(RESULTS)/four_methods

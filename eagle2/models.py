@@ -45,6 +45,25 @@ def dtype_name(name: str) -> str:
     return str(resolve_dtype(name)).removeprefix("torch.")
 
 
+def cpu_has_native_bf16() -> bool | None:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); None when unknown.
+
+    Without it (e.g. AVX2 only) torch converts bf16 on the fly: a one-token forward is still cheaper
+    than in fp32 (half the bytes to read), but a multi-token forward, such as a tree verification,
+    costs several times more (measured in README, "Precision")."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def warn_if_slow_bf16(dtype: torch.dtype, device: str) -> None:
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and cpu_has_native_bf16() is False:
+        log.warning("this CPU has no native bf16 matrix instructions (no avx512_bf16 / amx_bf16): bf16 "
+                    "tree verification is slow here; model.dtype=float32 may be faster for speculative methods")
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "eagle2"
@@ -123,6 +142,7 @@ def load_target(model_cfg, device: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     location = weights_location(model_cfg)
+    warn_if_slow_bf16(resolve_dtype(model_cfg.dtype), device or model_cfg.device)
     tokenizer = load_pretrained(AutoTokenizer, location)
     model = load_pretrained(AutoModelForCausalLM, location, dtype=resolve_dtype(model_cfg.dtype),
                             attn_implementation=model_cfg.get("attn_implementation", "sdpa"))

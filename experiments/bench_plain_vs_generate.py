@@ -1,6 +1,7 @@
 """Benchmark: our plain decoding against transformers' generate() on SmolLM2, side by side.
 
-Same prompts (MT-bench first turns), greedy, same number of new tokens (EOS disabled for both),
+Same prompts (MT-bench first turns), greedy, in ``--dtype`` (default bfloat16; outputs must be equal in
+float32 and are identity-audited in bfloat16), same number of new tokens (EOS disabled for both),
 alternating order, several repetitions; prints per-repetition tokens/s and the median ratio.
 Timing covers prefill + decode for both. Run: ``python -m experiments.bench_plain_vs_generate``.
 """
@@ -15,7 +16,7 @@ import torch
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.engine import generate
 from eagle2.sampling import SamplingParams
-from experiments.side_by_side import alternating_rates, smollm2_with_prompts
+from experiments.side_by_side import alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:
@@ -23,8 +24,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", default="bfloat16", help="the target's (and draft's) dtype: bfloat16 or float32")
     args = ap.parse_args()
-    model, tok, prompts = smollm2_with_prompts(args.prompts)
+    model, tok, prompts = smollm2_with_prompts(args.prompts, args.dtype)
     n = args.new_tokens
 
     def ours(prompt):
@@ -37,13 +39,12 @@ def main() -> None:
                              eos_token_id=None, pad_token_id=tok.pad_token_id)
         return out[0, len(prompt):].tolist()
 
-    for p in prompts[:1]:  # warm-up, and a check that both decode the same tokens
-        assert ours(p) == hf(p), "plain decoding and generate() disagree"
+    print(identity_line(args.dtype, {"ours": ours, "generate": hf}, prompts))  # also the warm-up
     rates = alternating_rates({"ours": ours, "generate": hf}, prompts, args.reps)
     ratios = [r["ours"] / r["generate"] for r in rates]
     print(f"median ratio ours/generate over {args.reps} reps: {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}); {len(prompts)} prompts x {n} tokens, "
-          f"{torch.get_num_threads()} threads")
+          f"{args.dtype}, {torch.get_num_threads()} threads")
 
 
 if __name__ == "__main__":

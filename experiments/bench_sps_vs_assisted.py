@@ -1,6 +1,7 @@
 """Benchmark: method=sps against transformers' assisted generation, same draft, same k, greedy.
 
-Both decode MT-bench first turns on SmolLM2 with the shipped SpS draft (or ``--draft``); EOS is
+Both decode MT-bench first turns on SmolLM2 in ``--dtype`` (default bfloat16; outputs equal in float32,
+identity-audited in bfloat16) with the shipped SpS draft (or ``--draft``); EOS is
 disabled so both produce the same number of tokens. Prints tokens/s of both, their median ratio
 and our mean accepted length. Run: ``python -m experiments.bench_sps_vs_assisted``.
 """
@@ -17,7 +18,7 @@ from eagle2.drafters.sps import SpsDrafter
 from eagle2.engine import generate
 from eagle2.runner import resolve_artifact
 from eagle2.sampling import SamplingParams
-from experiments.side_by_side import alternating_rates, smollm2_with_prompts
+from experiments.side_by_side import alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:
@@ -27,8 +28,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16", help="the target's (and draft's) dtype: bfloat16 or float32")
     args = ap.parse_args()
-    model, tok, prompts = smollm2_with_prompts(args.prompts)
+    model, tok, prompts = smollm2_with_prompts(args.prompts, args.dtype)
     draft = load_draft_model(resolve_artifact(args.draft), model)
     n, taus = args.new_tokens, []
 
@@ -47,14 +49,15 @@ def main() -> None:
                              do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
         return out[0, len(prompt):].tolist()
 
-    for p in prompts[:1]:
-        assert ours(p) == assisted(p)[: n], "sps and assisted generation disagree"
+    print(identity_line(args.dtype, {"sps": ours, "assisted": assisted}, prompts))  # also the warm-up
+    taus.clear()
     rates = alternating_rates({"sps": ours, "assisted": assisted}, prompts, args.reps)
     ratios = [r["sps"] / r["assisted"] for r in rates]
     speeds = {name: [r[name] for r in rates] for name in ("sps", "assisted")}
     print(f"median ratio sps/assisted: {statistics.median(ratios):.3f}; median tok/s sps "
           f"{statistics.median(speeds['sps']):.2f}, assisted {statistics.median(speeds['assisted']):.2f}; "
-          f"sps mean accepted length (tau) {statistics.mean(taus):.2f}; k={args.k}, {len(prompts)} prompts x {n}")
+          f"sps mean accepted length (tau) {statistics.mean(taus):.2f}; k={args.k}, {len(prompts)} prompts x {n}, "
+          f"{args.dtype}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""What the side-by-side benchmarks share: SmolLM2 with MT-bench first-turn prompts, and timing two
-decoders over the same prompts in alternating order, repetition after repetition."""
+"""What the side-by-side benchmarks share: SmolLM2 with MT-bench first-turn prompts, timing two
+decoders over the same prompts in alternating order, repetition after repetition, and comparing
+their outputs: equal in fp32, audited (``eagle2.identity``) in half precision."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from omegaconf import OmegaConf
 
 from eagle2.chat import encode_conversation
 from eagle2.data import benchmark_file, load_questions
-from eagle2.models import load_target
+from eagle2.identity import classify, reference_dtype, reference_logits
+from eagle2.models import dtype_name, load_target
 
 
-def smollm2_with_prompts(n_prompts: int):
+def smollm2(dtype: str = "float32"):
+    return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": dtype, "device": "cpu"}))
+
+
+def smollm2_with_prompts(n_prompts: int, dtype: str = "float32"):
     """(model, tokenizer, prompt id lists) for the first ``n_prompts`` MT-bench first turns."""
-    model, tok = load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
+    model, tok = smollm2(dtype)
     prompts = [encode_conversation(tok, "tokenizer", q["turns"][:1], [])
                for q in load_questions(benchmark_file("mt_bench"), n_prompts)]
     return model, tok, prompts
@@ -36,3 +42,23 @@ def alternating_rates(decoders: dict, prompts: list[list[int]], reps: int) -> li
               f"ratio {rate[first] / rate[second]:.3f}", flush=True)
         rates.append(rate)
     return rates
+
+
+def identity_line(dtype: str, decoders: dict, prompts: list[list[int]]) -> str:
+    """Decode every prompt with both decoders and compare: in fp32 the outputs must be equal (raises
+    otherwise); in half precision each difference is classified by the identity audit (numeric or
+    algorithmic, both sides checked against a finer reference)."""
+    (name_a, a), (name_b, b) = decoders.items()
+    pairs = [(p, a(p), b(p)) for p in prompts]
+    if dtype_name(dtype) == "float32":
+        same = sum(x == y for _, x, y in pairs)
+        assert same == len(pairs), f"{name_a} and {name_b} disagree in fp32 on {len(pairs) - same} prompts"
+        return f"outputs identical on {same}/{len(pairs)} prompts (fp32)"
+    ref, _ = smollm2(str(reference_dtype(dtype_name(dtype))).removeprefix("torch."))
+    statuses = []
+    for p, x, y in pairs:
+        both = [classify(reference_logits(ref, p, out), out, other, dtype_name(dtype))["status"]
+                for out, other in ((x, y), (y, x))]
+        statuses.append("algorithmic" if "algorithmic" in both else both[0])
+    counts = {s: statuses.count(s) for s in ("identical", "numeric", "algorithmic")}
+    return f"identity audit over {len(pairs)} prompts ({dtype_name(dtype)}): {counts}"
