@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.metrics import baseline_rows, load_rows
+from analysis.metrics import baseline_rows, load_rows, variant_labels
 
 RECORD_SUFFIX = ".identity.ndjson"
 STATUSES = ("identical", "numeric", "algorithmic", "unaudited", "no_plain")
-COLUMNS = ["model", "dataset", "method", "config_hash", "dtype", "turns", *STATUSES, "median_first_divergence"]
+COLUMNS = ["model", "dataset", "method", "label", "config_hash", "dtype", "turns", *STATUSES, "median_first_divergence"]
 
 
 def records_path(rows_file: Path) -> Path:
@@ -61,6 +61,7 @@ def identity_table(results: str | Path, rows: pd.DataFrame | None = None) -> pd.
     records = {(r["config_hash"], r["question_id"], r["turn"], r.get("plain_config_hash")): r
                for r in load_audit_records(results)}
     greedy = rows[rows.temperature == 0]
+    labels = variant_labels(rows)  # tells apart configs of one method (e.g. total_tokens=8 vs auto)
     out = []
     for chash, g in greedy[greedy.method != "plain"].groupby("config_hash"):
         base = baseline_rows(rows, g)
@@ -75,7 +76,8 @@ def identity_table(results: str | Path, rows: pd.DataFrame | None = None) -> pd.
             if record is not None and record.get("first_divergence") is not None:
                 divergences.append(record["first_divergence"])
         first = g.iloc[0]
-        out.append({"model": first.model, "dataset": first.dataset, "method": first.method, "config_hash": chash,
+        out.append({"model": first.model, "dataset": first.dataset, "method": first.method,
+                    "label": labels.get(chash, first.method), "config_hash": chash,
                     "dtype": first.get("dtype") if pd.notna(first.get("dtype")) else "unknown", "turns": len(g),
                     **counts, "median_first_divergence": float(pd.Series(divergences).median())
                     if divergences else float("nan")})

@@ -25,7 +25,8 @@ from eagle2.results import config_hash
 from eagle2.runner import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"]}  # name -> overrides
+VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"],  # name -> overrides
+            "eagle2_fixed8": ["method=eagle2", "method.total_tokens=8"]}
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ def test_model_method_compose(model, method):
     assert resolved["model"]["name"] == model
     assert resolved["model"]["head"] and resolved["model"]["template"]
     if method == "eagle2":
-        assert resolved["method"]["total_tokens"] >= 1
+        total = resolved["method"]["total_tokens"]
+        assert total == "auto" or total >= 1
 
 
 @pytest.mark.parametrize("dataset", group_names("dataset"))

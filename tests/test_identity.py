@@ -73,7 +73,7 @@ def test_bf16_divergences_are_numeric_and_a_broken_rule_is_algorithmic(tmp_path,
     good, bad = tmp_path / "good", tmp_path / "bad"
     for results in (good, bad):
         run(_config("method=plain", f"paths.results={results}"))
-    run(_config("method=eagle2", f"paths.results={good}"))
+    run(_config("method=eagle2", "method.total_tokens=8", f"paths.results={good}"))
     audit_results(good)
     table = identity_table(good)
     assert table.dtype.tolist() == ["bfloat16"] and table.turns.sum() == 2
@@ -81,7 +81,7 @@ def test_bf16_divergences_are_numeric_and_a_broken_rule_is_algorithmic(tmp_path,
     assert (table.identical + table.numeric).sum() == 2
 
     monkeypatch.setattr(engine, "accept_greedy", _accept_second_choice_too)
-    run(_config("method=eagle2", f"paths.results={bad}"))
+    run(_config("method=eagle2", "method.total_tokens=8", f"paths.results={bad}"))
     monkeypatch.undo()
     audit_results(bad)
     assert identity_table(bad).algorithmic.sum() >= 1
