@@ -60,3 +60,12 @@ def encode_conversation(tokenizer, template: str, users: list[str], answers: lis
     text = render(template, users, answers, system)
     add_bos = template in ("vicuna", "llama2")
     return tokenizer(text, add_special_tokens=add_bos)["input_ids"]
+
+
+def stop_ids(tokenizer, extra_tokens=()) -> set[int]:
+    """Token ids that end an answer: the tokenizer's EOS and the given extra stop tokens (e.g. a
+    model config's ``stop_tokens``). Decoding and the training corpus use this one definition."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in extra_tokens or ():
+        ids.add(tokenizer.convert_tokens_to_ids(tok))
+    return ids

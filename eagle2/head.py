@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from eagle2.cache import cache_kwargs
 from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+from eagle2.tree import additive_mask
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
@@ -73,9 +74,7 @@ def causal_mask(q_len: int, past: int, dtype: torch.dtype, device=None) -> torch
     """Additive (1, 1, q_len, past + q_len) mask: query i sees keys 0..past+i."""
     k = torch.arange(past + q_len, device=device)
     q = torch.arange(q_len, device=device)[:, None] + past
-    allowed = k[None, :] <= q
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(k[None, :] <= q, dtype, device)
 
 
 def head_config_from_target(target_config, num_layers: int = 1) -> LlamaConfig:

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eagle2.chat import encode_conversation
+from eagle2.chat import encode_conversation, stop_ids
 from eagle2.data import PROJECT_ROOT, benchmark_file, load_questions
 from eagle2.drafters import build_drafter
 from eagle2.engine import ContextOverflowError, generate
@@ -66,13 +66,6 @@ def load_drafter_weights(cfg: DictConfig, target):
             raise ValueError(f"model {cfg.model.name} has no SpS draft model (model.sps_draft)")
         draft = load_draft_model(resolve_artifact(cfg.model.sps_draft), target)
     return head, draft
-
-
-def stop_ids(tokenizer, model_cfg) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for tok in model_cfg.get("stop_tokens") or []:
-        ids.add(tokenizer.convert_tokens_to_ids(tok))
-    return ids
 
 
 def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
@@ -180,7 +173,7 @@ def _decode_all(cfg, chash, store, questions) -> None:
     head, draft = load_drafter_weights(cfg, target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
     context = int(cfg.model.max_context)
-    eos = stop_ids(tokenizer, cfg.model)
+    eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
 
     def decode(prompt, generator):

@@ -19,6 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """(1, 1, Q, K) additive float mask from a (Q, K) bool matrix: 0 where allowed, dtype's min elsewhere.
+    Every attention mask of the project (tree verification, head drafting, head training) is built here."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)[None, None]
+
+
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # (N,) long; tokens[0] is the root
@@ -71,9 +78,7 @@ class DraftTree:
         if n == 1:
             return None
         allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), self.ancestor_matrix()], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=dtype)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(device)
+        return additive_mask(allowed, dtype, device)
 
     def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
         return (self.depths + prefix_len)[None].to(device)

@@ -17,6 +17,7 @@ import torch
 
 from eagle2.cache import crop, new_cache
 from eagle2.head import causal_mask
+from eagle2.tree import additive_mask
 
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
@@ -118,10 +119,9 @@ class HeadRunner:
                 p = self.fed_parent[p]
             anc[row, first + row] = True
         allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool), anc], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         positions = torch.full((n,), self.committed + depth - 1, device=self.device)
         out = self._head(torch.tensor(tokens, device=self.device), parent_features, positions,
-                         mask[None, None].to(self.device))
+                         additive_mask(allowed, self.dtype, self.device))
         return self.log_probs(out), out
 
 
