@@ -1,18 +1,11 @@
-"""Measured round costs of one target + EAGLE head on this machine, and the budget they imply.
+"""Measuring the round costs of one target + EAGLE head on this machine (the profile that
+``eagle2.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``).
 
-``method=eagle2 method.total_tokens=auto`` verifies, each round, the ``m`` best drafted nodes (by path
-value V) that maximise the expected tokens per second
-
-    (1 + V_1 + ... + V_m) / (T_draft + T_verify(m + 1))
-
-where ``1 + sum V`` estimates the tokens a round yields (the bonus token plus each node's chance of
-being accepted, when V is calibrated), ``T_verify(q)`` is one target forward over ``q`` tree tokens
-(root included) plus its LM head, and ``T_draft`` one drafting round at the configured depth.
-
-Both are measured once per (target, head, drafting settings, device, dtype, threads) on a context of
-``context`` tokens and cached as JSON (``method.profile_dir``, default ``~/.cache/eagle2/profiles``);
-``method.reprofile=true`` measures again. The choice depends only on the profile and the draft, never
-on live timings, so a seeded run is reproducible.
+``T_verify(q)`` is one target forward over ``q`` tree tokens (root included) plus its LM head, and
+``T_draft`` one drafting round at each depth up to the configured one. Both are measured once per
+(target, head, drafting settings, device, dtype, threads) on a context of ``context`` tokens and
+cached as JSON (``method.profile_dir``, default ``~/.cache/eagle2/profiles``);
+``method.reprofile=true`` measures again.
 """
 
 from __future__ import annotations
@@ -21,44 +14,17 @@ import hashlib
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from eagle2.budget import CostProfile
 from eagle2.cache import crop, forward_target, new_cache
 from eagle2.engine import device_clock
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
-
-
-@dataclass
-class CostProfile:
-    verify_s: list[float]  # verify_s[q-1]: target forward over q tree tokens + LM head (made monotone)
-    draft_s: list[float]  # draft_s[d-1]: one drafting round at depth d (head forwards + top-k + bookkeeping)
-    context: int
-    meta: dict
-
-    def verify(self, q: int) -> float:
-        """T_verify(q); beyond the measured range, extrapolated linearly from the last two points."""
-        if q <= len(self.verify_s):
-            return self.verify_s[q - 1]
-        slope = self.verify_s[-1] - self.verify_s[-2] if len(self.verify_s) > 1 else 0.0
-        return self.verify_s[-1] + slope * (q - len(self.verify_s))
-
-    def draft(self, depth: int) -> float:
-        return self.draft_s[min(depth, len(self.draft_s)) - 1]
-
-
-def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple[int, float, float]:
-    """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
-    Returns (m, expected tokens of the round, predicted seconds of the round)."""
-    expected = 1.0 + torch.cumsum(values.double(), 0)
-    seconds = torch.tensor([profile.draft(depth) + profile.verify(m + 1) for m in range(1, len(values) + 1)],
-                           dtype=torch.float64)
-    m = int(torch.argmax(expected / seconds)) + 1
-    return m, float(expected[m - 1]), float(seconds[m - 1])
 
 
 def monotone(values: list[float]) -> list[float]:

@@ -3,6 +3,7 @@ in the same format (``question_id``, ``category``, ``turns``), loaded through ``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -18,19 +19,75 @@ def benchmark_file(name: str, benchmarks_dir: str | Path | None = None) -> Path:
     return path
 
 
-def load_questions(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Questions of one JSONL file, in file order, the first ``limit`` of them."""
-    import datasets
+class QuestionFileError(ValueError):
+    """A question file that cannot be used, named with its path and, where it applies, its line."""
 
+
+def check_question_file(path: str | Path) -> int:
+    """Check a question JSONL before ``datasets`` reads it: one JSON object a line, each with a
+    ``question_id`` (an int or a string, one type for the whole file, no repeats) and ``turns``, a
+    non-empty list of strings. Raise one clear ``QuestionFileError`` naming the file and line;
+    return the number of questions."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise QuestionFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    seen: dict = {}  # question_id -> line
+    id_type = None  # (type, line) of the first question_id
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise QuestionFileError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise QuestionFileError(f"{where}: expected a JSON object with question_id and turns, "
+                                    f"got {type(record).__name__}")
+        missing = [key for key in ("question_id", "turns") if key not in record]
+        if missing:
+            raise QuestionFileError(f"{where}: missing {' and '.join(missing)} (each line needs question_id "
+                                    "and turns, a non-empty list of strings)")
+        qid, turns = record["question_id"], record["turns"]
+        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+            raise QuestionFileError(f"{where}: question_id must be an integer or a string, got {qid!r}")
+        if id_type is None:
+            id_type = (type(qid), number)
+        elif type(qid) is not id_type[0]:
+            raise QuestionFileError(f"{where}: question_id {qid!r} is a {type(qid).__name__} but line "
+                                    f"{id_type[1]}'s is a {id_type[0].__name__}; use one type for the file")
+        if qid in seen:
+            raise QuestionFileError(f"{where}: question_id {qid!r} repeats line {seen[qid]}")
+        seen[qid] = number
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise QuestionFileError(f"{where}: turns must be a non-empty list of strings, got {turns!r:.80}")
+    if not seen:
+        raise QuestionFileError(f"{path}: no questions (the file is empty; "
+                                "expected one JSON object a line with question_id and turns)")
+    return len(seen)
+
+
+def load_questions(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Questions of one JSONL file, in file order, the first ``limit`` of them.
+
+    The file is checked line by line first (``check_question_file``), so a bad file gives one
+    clear error naming its line instead of a ``datasets`` generation error."""
+    path = Path(path)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"dataset.limit={limit!r} is invalid: must be null (all questions) or an integer >= 0")
+    check_question_file(path)
+    import datasets
+
     datasets.disable_progress_bars()
     ds = datasets.load_dataset("json", data_files=str(path), split="train")
     missing = {"question_id", "turns"} - set(ds.column_names)
     if missing:
         raise ValueError(f"{path}: records need fields {sorted(missing)}")
-    if limit is not None and limit >= 0:
+    if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return [{"question_id": r["question_id"], "category": r.get("category"), "turns": list(r["turns"])}
             for r in ds]

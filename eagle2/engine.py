@@ -5,13 +5,7 @@ nothing about tokenization or about how a drafter builds its tree; drafters know
 verification. Token counting is one rule for every method: tokens appended to the output, cut
 after the first EOS and at ``max_new_tokens``.
 
-A drafter provides:
-- ``needs_hidden``: whether it consumes the target's last hidden states (EAGLE does);
-- ``start(prompt_ids, first_token, prompt_hidden)`` after prefill;
-- ``propose(root, room) -> DraftTree`` with at most ``room`` nodes, the root included;
-- ``observe(new_tokens, hidden)``: newly committed tokens (the last one is the next root) and, when
-  ``needs_hidden``, the target's features of the tokens that precede each of them;
-- ``forward_time``: seconds spent in its own model forwards (for the time breakdown).
+The drafter interface is ``eagle2.drafters.base.Drafter``.
 """
 
 from __future__ import annotations

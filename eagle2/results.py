@@ -35,14 +35,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from eagle2.methods import SPEC_KEYS, method_spec
+
 log = logging.getLogger(__name__)
 
 HASHED_KEYS = ("model", "method", "temperature", "top_p", "top_k", "seed", "max_new_tokens")
 # what the target's outputs depend on; a drafter's own settings reach the hash through the resolved
-# method config, and its weights through METHOD_ARTIFACTS (so a plain run's hash ignores drafter knobs)
+# method config, and its weights through its YAML's ``weights`` (so a plain run's hash ignores drafter knobs)
 TARGET_KEYS = ("name", "source", "hub_id", "dtype", "attn_implementation", "template", "system_prompt",
                "stop_tokens", "max_context")
-METHOD_ARTIFACTS = {"sps": ("sps_draft",), "eagle": ("head",), "eagle2": ("head",)}
 # hashed only when not null (added later: configs without them keep their hash)
 TARGET_KEYS_WHEN_SET = ("path",)
 DATASET_KEYS, DATASET_KEYS_WHEN_SET = ("name", "path"), ("hub",)
@@ -57,7 +58,7 @@ def config_hash(cfg) -> str:
     """Short hash of the settings that determine the outputs."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     picked = {k: resolved.get(k) for k in HASHED_KEYS}
-    artifacts = METHOD_ARTIFACTS.get(cfg.method.name, ())
+    artifacts = method_spec(cfg.method).weights
     picked["model"] = _pick(resolved["model"], TARGET_KEYS + artifacts, TARGET_KEYS_WHEN_SET)
     picked["dataset"] = _pick(resolved["dataset"], DATASET_KEYS, DATASET_KEYS_WHEN_SET)
     picked["method"] = _method_settings(picked["method"])
@@ -75,7 +76,7 @@ def _pick(section: dict, keys: tuple, keys_when_set: tuple) -> dict:
 
 def _method_settings(method: dict) -> dict:
     method = dict(method)
-    for where_not_what in ("profile_dir", "reprofile"):  # where the cost profile lives, not what is run
+    for where_not_what in ("profile_dir", "reprofile", *SPEC_KEYS):  # where the cost profile lives, not what is run
         method.pop(where_not_what, None)
     if str(method.get("total_tokens")) != "auto":
         method.pop("max_total_tokens", None)  # only auto budgets read it (and older hashes stay valid)

@@ -22,6 +22,7 @@ from eagle2.chat import encode_conversation, stop_ids
 from eagle2.data import PROJECT_ROOT, benchmark_file, load_questions
 from eagle2.drafters import build_drafter
 from eagle2.engine import ContextOverflowError, generate
+from eagle2.methods import method_spec
 from eagle2.models import dtype_name, load_target
 from eagle2.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
 from eagle2.sampling import SamplingParams
@@ -49,23 +50,29 @@ def dataset_questions(cfg: DictConfig) -> list[dict]:
     return load_questions(path, ds.limit)
 
 
-def load_drafter_weights(cfg: DictConfig, target):
-    """(head, draft_model) that the method needs; the other is None."""
-    name = cfg.method.name
-    head = draft = None
-    if name in ("eagle", "eagle2"):
-        from eagle2.head import load_head
+def _load_head(location, target):
+    from eagle2.head import load_head
 
-        if not cfg.model.head:
-            raise ValueError(f"model {cfg.model.name} names no EAGLE head (model.head)")
-        head = load_head(resolve_artifact(cfg.model.head), target)
-    if name == "sps":
-        from eagle2.draft_model import load_draft_model
+    return load_head(location, target)
 
-        if not cfg.model.sps_draft:
-            raise ValueError(f"model {cfg.model.name} has no SpS draft model (model.sps_draft)")
-        draft = load_draft_model(resolve_artifact(cfg.model.sps_draft), target)
-    return head, draft
+
+def _load_sps_draft(location, target):
+    from eagle2.draft_model import load_draft_model
+
+    return load_draft_model(location, target)
+
+
+WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft}  # model-config key -> loader
+
+
+def load_drafter_weights(cfg: DictConfig, target) -> dict:
+    """The drafter weights the method needs (its YAML's ``weights``), by model-config key."""
+    loaded = {}
+    for key in method_spec(cfg.method).weights:
+        if not cfg.model.get(key):
+            raise ValueError(f"model {cfg.model.name} names no model.{key}, which method={cfg.method.name} needs")
+        loaded[key] = WEIGHT_LOADERS[key](resolve_artifact(cfg.model[key]), target)
+    return loaded
 
 
 def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
@@ -150,6 +157,9 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
 
 def run(cfg: DictConfig) -> dict:
     """Decode every unfinished question turn; return the summary that is printed."""
+    from eagle2.validation import validate_run_config
+
+    validate_run_config(cfg)  # one clear line for a bad value or question file, before any model loads
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     questions = dataset_questions(cfg)
@@ -170,19 +180,19 @@ def _decode_all(cfg, chash, store, questions) -> None:
     from eagle2.logger import make_logger
 
     target, tokenizer = load_target(cfg.model)
-    head, draft = load_drafter_weights(cfg, target)
+    weights = load_drafter_weights(cfg, target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
     context = int(cfg.model.max_context)
     eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
 
     def decode(prompt, generator):
-        drafter = build_drafter(cfg.method, target, params, generator, head=head, draft_model=draft)
+        drafter = build_drafter(cfg.method, target, params, generator, weights=weights)
         return generate(target, drafter, prompt, params, int(cfg.max_new_tokens), eos, generator, context)
 
     if cfg.warmup_tokens:
         warm = encode_conversation(tokenizer, cfg.model.template, ["Hello!"], [], cfg.model.system_prompt)
-        drafter = build_drafter(cfg.method, target, params, None, head=head, draft_model=draft)
+        drafter = build_drafter(cfg.method, target, params, None, weights=weights)
         generate(target, drafter, warm, params, int(cfg.warmup_tokens), eos, None, context)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
     try:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import eagle2.budget as budget
 import eagle2.cost_profile as cp
 import eagle2.engine as engine
 from eagle2.drafters import build_drafter
@@ -17,7 +18,7 @@ from tests.conftest import tiny_head, tiny_llama
 
 
 def profile(verify, draft=0.0):
-    return cp.CostProfile(list(verify), [draft] * 3, context=16, meta={})
+    return budget.CostProfile(list(verify), [draft] * 3, context=16, meta={})
 
 
 def brute_force(values, prof, depth):
@@ -36,7 +37,7 @@ def brute_force(values, prof, depth):
 ])
 def test_best_budget_maximises_expected_rate(verify, draft, values, want):
     prof = profile(verify, draft)
-    m, expected, seconds = cp.best_budget(torch.tensor(values), prof, depth=3)
+    m, expected, seconds = budget.best_budget(torch.tensor(values), prof, depth=3)
     assert m == want == brute_force(values, prof, 3)
     assert expected == pytest.approx(1 + sum(values[:m]))
     assert seconds == pytest.approx(draft + verify[m])

@@ -9,6 +9,7 @@ import pytest
 from eagle2.chat import render
 from eagle2.data import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
 from eagle2.training.corpus import training_prompts
+from eagle2.validation import QuestionFileError
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -27,6 +28,19 @@ def test_limit_and_custom_jsonl(tmp_path):
     assert [q["turns"] for q in load_questions(path, 2)] == [["q0"], ["q1"]]
     with pytest.raises(FileNotFoundError):
         load_questions(tmp_path / "missing.jsonl")
+    assert load_questions(path, 0) == []
+    with pytest.raises(ValueError, match=r"dataset.limit=-1 is invalid: must be null \(all questions\) or an int"):
+        load_questions(path, -1)
+
+
+def test_malformed_jsonl_names_its_line_not_a_datasets_error(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["a"]}\n\n{"question_id": 2, "turns": ["b"]\n')
+    with pytest.raises(QuestionFileError, match=r"x.jsonl line 3: not valid JSON \(Expecting ',' delimiter"):
+        load_questions(path)
+    path.write_text("")
+    with pytest.raises(QuestionFileError, match=r"x.jsonl: no questions \(the file is empty"):
+        load_questions(path)
 
 
 def test_training_prompts_exclude_every_benchmark_question():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+import pytest
 import torch
 from omegaconf import OmegaConf
 
 from eagle2.drafters import build_drafter
+from eagle2.drafters.eagle_common import tree_from_drafted
 from eagle2.sampling import SamplingParams
 from eagle2.tree import DraftTree
 from tests.conftest import tiny_head, tiny_llama
@@ -36,8 +40,6 @@ def test_chain_and_root_only():
 
 
 def test_rejects_unordered_parents():
-    import pytest
-
     with pytest.raises(ValueError):
         DraftTree(torch.tensor([1, 2, 3]), torch.tensor([-1, 2, 0]))
 
@@ -68,24 +70,81 @@ def test_static_tree_matches_choices():
         assert conf == sorted(conf, reverse=True)
 
 
+def assert_eagle2_tree_sound(tree, budget: int) -> None:
+    """Structure an EAGLE-2 draft must have, checked against the records of every drafted node:
+    each kept node's parent is the root or a kept node (the drafted parent, at one depth less), a
+    child's path value V never exceeds its parent's, and the kept nodes are the ``budget`` best by V."""
+    rec = tree.records
+    kept = [i for i, t in enumerate(rec["tree_index"]) if t >= 0]
+    assert len(kept) == budget == len(tree) - 1
+    drafted = {rec["tree_index"][i]: i for i in kept}  # tree node -> drafted node
+    assert sorted(drafted) == list(range(1, len(tree))), "tree nodes and kept drafted nodes differ"
+    value = [1.0] + [rec["value"][drafted[t]] for t in range(1, len(tree))]  # V(root) = 1
+    depths = tree.depths.tolist()
+    for t in range(1, len(tree)):
+        parent, node = int(tree.parents[t]), drafted[t]
+        assert rec["parent_tree_index"][node] >= 0, f"node {t}: its drafted parent is not kept"
+        assert rec["parent_tree_index"][node] == parent, f"node {t}: hung under {parent}, not its drafted parent"
+        assert depths[t] == rec["depth"][node], f"node {t}: tree depth {depths[t]} != drafted {rec['depth'][node]}"
+        assert 0 < float(tree.confidence[t]) <= 1.0
+        assert value[t] <= value[parent] * (1 + 1e-6), f"node {t}: V {value[t]:.4g} > parent's {value[parent]:.4g}"
+    threshold = sorted(rec["value"], reverse=True)[budget - 1]
+    assert all(rec["value"][i] >= threshold * (1 - 1e-6) for i in kept)
+
+
 def test_eagle2_tree_connected_and_values_monotone():
     for seed in range(3):
         tree = _drafted_tree({"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 12}, seed=seed)
-        rec = tree.records
         assert len(tree) == 13  # budget + root
-        assert len(rec["depth"]) == 4 + 3 * 4 * 4  # every drafted node is recorded
-        kept = [i for i, t in enumerate(rec["tree_index"]) if t >= 0]
-        assert len(kept) == 12
-        # V of each kept node never exceeds its parent's; kept values are the 12 largest drafted ones
-        value = torch.tensor(rec["value"])
-        for i in range(1, len(tree)):
-            parent = int(tree.parents[i])
-            if parent:
-                assert float(tree.confidence[i]) <= 1.0
-        threshold = sorted(rec["value"], reverse=True)[11]
-        assert all(value[i] >= threshold - 1e-12 for i in kept)
-        # connected: every kept node's parent is the root or a kept node (DraftTree checks order)
-        assert all(0 <= int(p) < i for i, p in enumerate(tree.parents.tolist()) if i)
+        assert len(tree.records["depth"]) == 4 + 3 * 4 * 4  # every drafted node is recorded
+        assert_eagle2_tree_sound(tree, 12)
+
+
+def _broken_tree_from_drafted(root, tokens, parents, depth, rank, log_conf, log_value, keep, *, bug, **meta):
+    """tree_from_drafted with a deliberate bug: ``values`` computes path values with a sign error
+    (log V = log c - log V(parent), so a child beats its parent); ``orphan`` drops the parent of the
+    deepest kept node (keeping the best unkept node instead) and hangs nodes whose parent is not
+    kept on the root."""
+    if bug == "values":
+        value = log_conf.clone()
+        for i, p in enumerate(parents.tolist()):
+            if p >= 0:
+                value[i] -= value[p]
+        return tree_from_drafted(root, tokens, parents, depth, rank, log_conf, value, keep, **meta)
+    deepest = int(keep[torch.argmax(depth[keep])])
+    assert int(depth[deepest]) >= 2
+    dropped = parents[deepest]
+    unkept = torch.ones(len(tokens), dtype=torch.bool)
+    unkept[keep] = False
+    unkept[dropped] = False
+    best_unkept = torch.where(unkept, log_value, float("-inf")).argmax()  # the budget stays full
+    keep = torch.cat([keep[keep != dropped], best_unkept[None]]).sort().values
+    tree_index = torch.full((len(tokens),), -1, dtype=torch.long)
+    tree_index[keep] = torch.arange(1, len(keep) + 1)
+    parent_tree_index = [0 if p < 0 else int(tree_index[p]) for p in parents.tolist()]
+    tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep]]),
+                     torch.tensor([-1, *(max(parent_tree_index[i], 0) for i in keep.tolist())]),
+                     confidence=torch.cat([torch.ones(1), log_conf[keep].exp()]))
+    tree.records = {"depth": depth.tolist(), "rank": rank.tolist(), "confidence": log_conf.exp().tolist(),
+                    "value": log_value.exp().tolist(), "tree_index": tree_index.tolist(),
+                    "parent_tree_index": parent_tree_index}
+    return tree
+
+
+@pytest.mark.parametrize("bug, caught", [("values", "> parent's"), ("orphan", "drafted parent is not kept")])
+def test_eagle2_tree_check_catches_a_broken_drafter(monkeypatch, bug, caught):
+    """Negative control: the check above fails on a drafter whose path values are not monotone, and on
+    one whose kept nodes hang under a parent that is not kept."""
+    import eagle2.drafters.eagle2_dynamic as dynamic
+
+    monkeypatch.setattr(dynamic, "tree_from_drafted", partial(_broken_tree_from_drafted, bug=bug))
+    failures = []
+    for seed in range(3):
+        tree = _drafted_tree({"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 12}, seed=seed)
+        with pytest.raises(AssertionError) as err:
+            assert_eagle2_tree_sound(tree, len(tree) - 1)
+        failures.append(str(err.value))
+    assert all(caught in f for f in failures), failures
 
 
 def test_eagle2_value_is_product_of_confidences():

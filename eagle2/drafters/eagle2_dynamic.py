@@ -5,7 +5,7 @@ the newest layer with the highest path value V (product of draft confidences fro
 incrementally as a sum of log-probabilities) are expanded with their ``top_k`` most likely children.
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
-(``total_tokens=auto``) the number kept is chosen per round by ``cost_profile.best_budget``: the
+(``total_tokens=auto``) the number kept is chosen per round by ``eagle2.budget.best_budget``: the
 count that maximises expected tokens per second, at most ``max_total_tokens``.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.cost_profile import CostProfile, best_budget
-from eagle2.drafters.eagle_common import HeadRunner, tree_from_drafted
+from eagle2.budget import CostProfile, best_budget
+from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, tree_from_drafted
 from eagle2.tree import DraftTree
 
 
@@ -66,3 +66,19 @@ class Eagle2Drafter(HeadRunner):
         keep = order[:budget].sort().values
         return tree_from_drafted(root, tokens, parents, depth, ranks, log_conf, log_value, keep, budget=budget,
                                  **meta)
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:
+    head, drafting = weights["head"], drafting_settings(method_cfg, weights["head"])
+    depth, top_k, total, profile = int(method_cfg.depth), int(method_cfg.top_k), method_cfg.total_tokens, None
+    if str(total) == "auto":
+        from eagle2.cost_profile import get_profile
+
+        total = int(method_cfg.get("max_total_tokens") or 64)
+        profile = get_profile(target, head, drafting, depth=depth, top_k=top_k,
+                              profile_dir=method_cfg.get("profile_dir"),
+                              remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
+    elif not str(total).isdigit():
+        raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
+    return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
+                         total_tokens=int(total), profile=profile, **drafting)

@@ -10,15 +10,17 @@ own fed ancestors. Tree entries are dropped from the head cache at the next catc
 
 from __future__ import annotations
 
-import time
+import logging
 import weakref
 
 import torch
 
 from eagle2.cache import crop, new_cache
+from eagle2.engine import device_clock
 from eagle2.head import causal_mask
 from eagle2.tree import additive_mask
 
+log = logging.getLogger(__name__)
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -46,6 +48,26 @@ def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
     return copies[key]
 
 
+def draft_vocabulary(head, size):
+    """The ``size`` most frequent token ids of the head's shipped draft vocabulary (None = full vocab)."""
+    if not size:
+        return None
+    if getattr(head, "draft_vocab", None) is None:
+        log.warning("method.draft_vocab_size=%s but this EAGLE head ships no draft_vocab.safetensors: "
+                    "drafting over the full vocabulary", size)
+        return None
+    return head.draft_vocab[: int(size)]
+
+
+def drafting_settings(method_cfg, head) -> dict:
+    """The drafting LM head's dtype and vocabulary, from an EAGLE method config."""
+    from eagle2.models import resolve_dtype
+
+    dtype = method_cfg.get("draft_lm_head_dtype")
+    return {"lm_head_dtype": resolve_dtype(dtype) if dtype else None,
+            "vocab": draft_vocabulary(head, method_cfg.get("draft_vocab_size"))}
+
+
 class HeadRunner:
     needs_hidden = True
 
@@ -69,10 +91,10 @@ class HeadRunner:
         self.pending_feats.append(hidden)
 
     def _head(self, tokens, feats, positions, mask) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = device_clock(self.device)
         out = self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
                         cache=self.cache)[0]
-        self.forward_time += time.perf_counter() - t0
+        self.forward_time += device_clock(self.device) - t0
         return out
 
     def catch_up(self) -> torch.Tensor:
@@ -99,9 +121,9 @@ class HeadRunner:
 
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the drafting vocabulary (the full one unless reduced)."""
-        t0 = time.perf_counter()
+        t0 = device_clock(self.device)
         logits = self.lm_head(features.to(self.lm_head.weight.dtype)).float()
-        self.forward_time += time.perf_counter() - t0
+        self.forward_time += device_clock(self.device) - t0
         return torch.log_softmax(logits, dim=-1)
 
     def expand(self, tokens: list[int], parent_fed: list[int], depth: int,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.drafters.eagle_common import HeadRunner, path_log_values, tree_from_drafted
+from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, tree_from_drafted
 from eagle2.tree import DraftTree
 
 
@@ -53,3 +53,9 @@ class EagleStaticDrafter(HeadRunner):
         keep = torch.arange(min(n, max(room - 1, 0)))
         return tree_from_drafted(root, tokens, self.parent, self.depth, self.rank, log_conf,
                                  path_log_values(self.parent, log_conf), keep)
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> EagleStaticDrafter:
+    head = weights["head"]
+    return EagleStaticDrafter(head, target.lm_head, target.device, choices=list(method_cfg.choices),
+                              **drafting_settings(method_cfg, head))

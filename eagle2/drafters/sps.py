@@ -16,12 +16,12 @@ rule for deterministically chosen children. When the target is greedy, drafts ar
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
 
 from eagle2.cache import cache_kwargs, crop, new_cache
+from eagle2.engine import device_clock
 from eagle2.sampling import Draws, SamplingParams, as_draws, probabilities
 from eagle2.tree import DraftTree
 
@@ -62,12 +62,12 @@ class SpsDrafter:
         self.sequence.extend(new_tokens)
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = device_clock(self.model.device)
         ids = torch.tensor([tokens], device=self.model.device)
         logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
                             **cache_kwargs(self.model, self.cache)).logits[0, -1]
         self.fed.extend(tokens)
-        self.forward_time += time.perf_counter() - t0
+        self.forward_time += device_clock(self.model.device) - t0
         return logits
 
     def _draft_token(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -97,3 +97,8 @@ class SpsDrafter:
         if not self.params.greedy and drafted:
             q_draft = torch.cat([torch.zeros_like(q_rows[0])[None], torch.stack(q_rows)])  # row 0: the root
         return DraftTree.chain(root, drafted, confidence=torch.tensor([1.0, *conf]), q_draft=q_draft)
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> SpsDrafter:
+    return SpsDrafter(weights["sps_draft"], params, int(method_cfg.k), generator,
+                      draft_temperature=method_cfg.get("draft_temperature"))

@@ -1,0 +1,30 @@
+"""The drafter interface the engine (``eagle2.engine.generate``) drives, declared once.
+
+A drafter turns the committed context into a ``DraftTree`` each round and never sees verification.
+Each drafter module also has ``build(method_cfg, target, params, generator, weights) -> Drafter``,
+which its method's YAML names (``eagle2.methods``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from eagle2.tree import DraftTree
+
+
+class Drafter(Protocol):
+    needs_hidden: bool  # whether it consumes the target's last hidden states (EAGLE does)
+    forward_time: float  # seconds spent in its own model forwards, device-synchronised (time breakdown)
+
+    def start(self, prompt_ids: list[int], first_token: int, prompt_hidden: torch.Tensor | None) -> None:
+        """After prefill: the prompt, the first generated token, and (if ``needs_hidden``) the prompt's
+        features (P, H)."""
+
+    def propose(self, root: int, room: int) -> DraftTree:
+        """A tree rooted at the last committed token, with at most ``room`` nodes, the root included."""
+
+    def observe(self, new_tokens: list[int], hidden: torch.Tensor | None) -> None:
+        """Newly committed tokens (the last one is the next root) and, when ``needs_hidden``, the target's
+        features of the tokens that precede each of them."""
