@@ -62,32 +62,18 @@ def head_dir(smollm2, tmp_path_factory):
     return save_head(head, tmp_path_factory.mktemp("head") / "head")
 
 
-EXPECTED_SWEEPS = {
-    "table1": {"method": "plain,sps,eagle,eagle2", "dataset": "mt_bench,humaneval,gsm8k,alpaca,cnn_dm,nq",
-               "temperature": "0.0,1.0"},
-    "fig1": {"method": "plain,sps,eagle,eagle2"},
-    "calibration": {"method": "eagle2,eagle", "dataset": "alpaca,mt_bench"},
-    "tree_budget": {"method": "eagle2", "method.total_tokens": "4,8,16,32,48,auto", "method.depth": "3,6",
-                    "method.top_k": "4,10"},
-    "static_vs_dynamic": {"method": "plain,eagle,eagle2", "dataset": "mt_bench,gsm8k"},
-}
-
-
-def test_every_experiment_is_tested():
-    assert sorted(EXPECTED_SWEEPS) == EXPERIMENTS
-
-
-@pytest.mark.parametrize("name", sorted(EXPECTED_SWEEPS))
+@pytest.mark.parametrize("name", EXPERIMENTS)  # every conf/experiment/*.yaml, found by glob
 def test_experiment_sweeps_and_scales(name):
     """Small on CPU (SmolLM2); the paper's protocol once only the model is overridden (GPU recipe)."""
     assert (CONF / "experiment" / f"{name}.yaml").read_text().startswith("# @package _global_")
     cpu = compose_cfg(f"experiment={name}", hydra_cfg=True)
     params = OmegaConf.to_container(cpu.hydra.sweeper.params)
-    assert params == EXPECTED_SWEEPS[name]
+    assert params and all(isinstance(v, str) and v for v in params.values())  # a sweep, not a single run
     assert cpu.paths.results == f"results/{name}" and cpu.logger.name == "none"
     assert 1 <= cpu.dataset.limit <= 5 and cpu.max_new_tokens == 64
     if name == "fig1":
         assert cpu.temperature == 1.0 and cpu.dataset.name == "mt_bench"
+        assert params == {"method": "plain,sps,eagle,eagle2"}
     for value in params.get("method", "").split(","):  # every swept choice exists
         assert (CONF / "method" / f"{value}.yaml").is_file()
     for value in params.get("dataset", "").split(",") if "dataset" in params else []:
