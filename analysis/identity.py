@@ -10,12 +10,12 @@ max_new_tokens, temperature 0).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.metrics import baseline_rows, load_rows, variant_labels
+from eagle2.results import read_rows
 
 RECORD_SUFFIX = ".identity.ndjson"
 STATUSES = ("identical", "numeric", "algorithmic", "unaudited", "no_plain")
@@ -28,15 +28,8 @@ def records_path(rows_file: Path) -> Path:
 
 
 def read_records(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: that turn is audited again
-            continue
-    return out
+    """The audit records of one file (a line cut by a kill is skipped: that turn is audited again)."""
+    return read_rows(path)
 
 
 def load_audit_records(results: str | Path) -> list[dict]:

@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from eagle2.results import read_rows
 
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
 
@@ -22,11 +23,7 @@ GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
 def iter_rows(results: str | Path):
     """Every stored row under ``results`` (recursively), skipping a line cut by a kill."""
     for path in sorted(Path(results).rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        yield from read_rows(path)
 
 
 def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:

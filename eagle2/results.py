@@ -120,6 +120,27 @@ def removed_on_error(path: Path, reported_as: Path):
         raise
 
 
+def parse_rows(data: bytes | str) -> list[dict]:
+    """The rows of a JSON-lines text: every line that is a JSON object; an unreadable line (cut by a kill,
+    or a torn tail before repair) is skipped. The one row reader of the project: the store, the
+    analysis and the tests read rows through it."""
+    rows = []
+    for line in data.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """``parse_rows`` of one file (empty when it does not exist)."""
+    path = Path(path)
+    return parse_rows(path.read_bytes()) if path.exists() else []
+
+
 def is_row(line: bytes) -> bool:
     try:
         return isinstance(json.loads(line), dict)
@@ -313,12 +334,8 @@ class ResultStore:
                     self.rows_path, len(tail), self.corrupt_path)
 
     def _load(self, data: bytes) -> None:
-        for line in data.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:  # an unreadable line before the last: skipped, that turn is redone
-                continue
-            if isinstance(row, dict) and row.get("status") == "ok":
+        for row in parse_rows(data):  # an unreadable line before the last is skipped: that turn is redone
+            if row.get("status") == "ok":
                 self.done[(row["question_id"], row["turn"])] = row
 
     def _write_nodes(self, row: dict, nodes: dict) -> Path:

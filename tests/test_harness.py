@@ -6,7 +6,6 @@ The sweeps run ``python run.py -m`` in a subprocess on the real SmolLM2 with a r
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import signal
@@ -21,7 +20,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from analysis.metrics import load_failures
+from analysis.metrics import iter_rows, load_failures
 from analysis.report import build_report
 from eagle2.head import save_head
 from experiments.recipe import EXPERIMENTS, commands
@@ -40,14 +39,7 @@ def compose_cfg(*overrides, hydra_cfg: bool = False):
 
 def read_rows(folder: Path) -> list[dict]:
     """Every complete row under ``folder`` (a line cut by a kill is skipped, as the store does)."""
-    out = []
-    for path in sorted(folder.rglob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
+    return list(iter_rows(folder))
 
 
 def run_py(*args, timeout=300) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
+from analysis.metrics import iter_rows
 from eagle2.head import save_head
 from eagle2.runner import run
 from tests.conftest import tiny_head
@@ -27,7 +28,7 @@ def config(*overrides):
 
 
 def rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(folder.rglob("*.jsonl")) for line in f.read_text().splitlines()]
+    return list(iter_rows(folder))
 
 
 def test_plain_rows_and_resume(tmp_path):
