@@ -26,12 +26,29 @@ class ContextOverflowError(ValueError):
 
 
 @dataclass
+class RoundStats:
+    """The facts of one decoding round, stored per round in every row (``rounds``, column-wise)."""
+
+    tree_size: int  # nodes verified, the root included
+    accepted: int  # drafted nodes accepted (the bonus token not counted)
+    draft_time_s: float  # the drafter's propose(), forwards and bookkeeping
+    draft_forward_s: float  # of which its own model forwards
+    verify_forward_s: float  # the target's forward over the tree, LM head included
+    other_s: float  # everything else: acceptance, cache commit, records
+    drafter: dict = field(default_factory=dict)  # drafter facts (DraftTree.meta: budget, expected_tokens, ...)
+
+    def record(self) -> dict:
+        facts = {k: v for k, v in self.__dict__.items() if k != "drafter"}
+        return {**facts, **self.drafter}
+
+
+@dataclass
 class GenerationOutput:
     output_ids: list[int]
     prefill_time_s: float
     wall_time_s: float  # decode only
     accept_lengths: list[int]  # tokens appended per decode round (target forward), bonus included
-    rounds: list[dict] = field(default_factory=list)  # per-round timing and drafter facts
+    rounds: list[RoundStats] = field(default_factory=list)  # per-round timing and drafter facts
     nodes: dict[str, list] = field(default_factory=dict)  # per drafted node, column-wise
 
     @property
@@ -100,9 +117,8 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
         _record_nodes(nodes, tree, len(rounds), path)
         t3 = device_clock(device)
         draft_forward = drafter.forward_time - f0
-        rounds.append({"tree_size": len(tree), "accepted": len(path), "draft_time_s": t1 - t0,
-                       "draft_forward_s": draft_forward, "verify_forward_s": t2 - t1,
-                       "other_s": (t3 - t0) - draft_forward - (t2 - t1), **tree.meta})
+        rounds.append(RoundStats(len(tree), len(path), t1 - t0, draft_forward, t2 - t1,
+                                 (t3 - t0) - draft_forward - (t2 - t1), dict(tree.meta)))
     end = device_clock(device)
     out = _trim(out, eos_ids, max_new_tokens)
     _trim_lengths(accept_lengths, len(out) - 1)

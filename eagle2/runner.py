@@ -105,7 +105,8 @@ def _peak_memory_mb(device) -> float | None:
 
 
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
-    rounds = {key: [r.get(key) for r in out.rounds] for key in (out.rounds[0] if out.rounds else {})}
+    records = [r.record() for r in out.rounds]
+    rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
     return {
         "question_id": question["question_id"], "turn": turn, "category": question.get("category"),

@@ -101,10 +101,11 @@ def test_auto_budget_is_recorded_per_round(tiny, tmp_path):
                                "max_total_tokens": 8, "profile_dir": str(tmp_path)})
     drafter = build_drafter(method, target, SamplingParams(), None, head=head)
     out = engine.generate(target, drafter, [2, 5, 3], SamplingParams(), 30, set())
-    assert out.rounds and all(r["budget_mode"] == "auto" and 1 <= r["budget"] <= 2 for r in out.rounds)
-    assert all(r["tree_size"] == r["budget"] + 1 for r in out.rounds)
+    rounds = [r.record() for r in out.rounds]
+    assert rounds and all(r["budget_mode"] == "auto" and 1 <= r["budget"] <= 2 for r in rounds)
+    assert all(r["tree_size"] == r["budget"] + 1 for r in rounds)
     nodes = {k: torch.tensor(v, dtype=torch.float64) for k, v in out.nodes.items()}
-    for i, r in enumerate(out.rounds):  # expected tokens = 1 + the path values of the verified nodes
+    for i, r in enumerate(rounds):  # expected tokens = 1 + the path values of the verified nodes
         kept = (nodes["round"] == i) & (nodes["tree_index"] > 0)
         assert r["expected_tokens"] == pytest.approx(1 + float(nodes["value"][kept].sum()))
         assert r["predicted_round_s"] == pytest.approx(0.1 + [1.0, 1.01, 1.02][r["budget"]])
