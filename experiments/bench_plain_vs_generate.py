@@ -16,15 +16,12 @@ import torch
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.engine import generate
 from eagle2.sampling import SamplingParams
-from experiments.side_by_side import alternating_rates, identity_line, smollm2_with_prompts
+from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--dtype", default="bfloat16", help="the target's (and draft's) dtype: bfloat16 or float32")
+    add_common_arguments(ap, reps=5)
     args = ap.parse_args()
     model, tok, prompts = smollm2_with_prompts(args.prompts, args.dtype)
     n = args.new_tokens

@@ -18,17 +18,14 @@ from eagle2.drafters.sps import SpsDrafter
 from eagle2.engine import generate
 from eagle2.runner import resolve_artifact
 from eagle2.sampling import SamplingParams
-from experiments.side_by_side import alternating_rates, identity_line, smollm2_with_prompts
+from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--draft", default="artifacts/smollm2/sps_draft")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--dtype", default="bfloat16", help="the target's (and draft's) dtype: bfloat16 or float32")
+    add_common_arguments(ap, reps=3)
     args = ap.parse_args()
     model, tok, prompts = smollm2_with_prompts(args.prompts, args.dtype)
     draft = load_draft_model(resolve_artifact(args.draft), model)

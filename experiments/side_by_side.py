@@ -14,6 +14,14 @@ from eagle2.identity import classify, reference_dtype, reference_logits
 from eagle2.models import dtype_name, load_target
 
 
+def add_common_arguments(ap, reps: int) -> None:
+    """The options both side-by-side benchmarks take: prompts, new tokens, repetitions, dtype."""
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--dtype", default="bfloat16", help="the target's (and draft's) dtype: bfloat16 or float32")
+
+
 def smollm2(dtype: str = "float32"):
     return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": dtype, "device": "cpu"}))
 
