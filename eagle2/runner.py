@@ -25,6 +25,7 @@ from eagle2.engine import ContextOverflowError, generate
 from eagle2.methods import method_spec
 from eagle2.models import dtype_name, load_target
 from eagle2.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
+from eagle2.row_schema import check_row
 from eagle2.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
-    return {
+    return checked({
         "question_id": question["question_id"], "turn": turn, "category": question.get("category"),
         "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
         "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
@@ -123,15 +124,19 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "timestamp": time.time(),
-    }
+    })
+
+
+def checked(row: dict) -> dict:
+    check_row(row)
+    return row
 
 
 def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> dict:
-    return {"question_id": question_id, "turn": turn, "dataset": cfg.dataset.name, "model": cfg.model.name,
-            "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
-            "dtype": dtype_name(cfg.model.dtype), "config_hash": chash, "status": "failed",
-            "error": f"{type(exc).__name__}: {exc}",
-            "timestamp": time.time(), **extra}
+    return checked({"question_id": question_id, "turn": turn, "dataset": cfg.dataset.name, "model": cfg.model.name,
+                    "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
+                    "dtype": dtype_name(cfg.model.dtype), "config_hash": chash, "status": "failed",
+                    "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time(), **extra})
 
 
 def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:

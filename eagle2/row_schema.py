@@ -1,0 +1,47 @@
+"""The result row: its field names and types, said once.
+
+Every finished question turn is one JSON row with exactly these fields (public interface: analysis,
+reports and users' scripts read them by name); the runner checks each row it builds against this
+schema before storing it, so a field renamed or dropped fails at the first write, not in a report.
+Failed rows (``status: failed``) carry the identifying fields, ``error`` and what the failure adds.
+"""
+
+from __future__ import annotations
+
+NUMBER = (int, float)
+OPTIONAL_NUMBER = (int, float, type(None))
+
+ROW_FIELDS: dict[str, tuple[type, ...]] = {
+    "question_id": (int, str), "turn": (int,), "category": (str, type(None)),
+    "dataset": (str,), "model": (str,), "method": (str,), "config_hash": (str,), "dtype": (str,),
+    "temperature": NUMBER, "top_p": NUMBER, "top_k": (int,), "seed": (int,), "max_new_tokens": (int,),
+    "status": (str,), "error": (str, type(None)),
+    "prompt_tokens": (int,), "prompt_ids": (list,), "new_tokens": (int,), "output_ids": (list,),
+    "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),
+    "wall_time_s": NUMBER, "prefill_time_s": NUMBER, "tokens_per_s": OPTIONAL_NUMBER, "tau": OPTIONAL_NUMBER,
+    "rounds": (dict,),  # per-round facts, column-wise: eagle2.engine.RoundStats fields + drafter facts
+    "peak_memory_mb": OPTIONAL_NUMBER, "method_config": (dict,), "timestamp": NUMBER,
+}
+FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",
+                     "config_hash", "status", "error", "timestamp")
+
+
+class RowSchemaError(ValueError):
+    """A row that does not match the schema: a bug in whoever built it."""
+
+
+def check_row(row: dict) -> None:
+    """Raise ``RowSchemaError`` unless ``row`` is a finished row with exactly ``ROW_FIELDS``, or a
+    failed row with at least ``FAILED_ROW_FIELDS``."""
+    if row.get("status") != "ok":
+        missing = [k for k in FAILED_ROW_FIELDS if k not in row]
+        if missing:
+            raise RowSchemaError(f"failed row lacks {missing}")
+        return
+    missing, extra = sorted(set(ROW_FIELDS) - set(row)), sorted(set(row) - set(ROW_FIELDS))
+    if missing or extra:
+        raise RowSchemaError(f"row fields differ from eagle2/row_schema.py: missing {missing}, unexpected {extra}")
+    wrong = [f"{k}={type(row[k]).__name__}" for k, types in ROW_FIELDS.items()
+             if not isinstance(row[k], types) or (types == (int,) and isinstance(row[k], bool))]
+    if wrong:
+        raise RowSchemaError(f"row fields of the wrong type: {', '.join(wrong)}")
