@@ -14,8 +14,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from eagle2.draft_model import build_draft_model, load_draft_model, save_draft_model
 from eagle2.head import load_head, save_head
 from eagle2.training.corpus import build_corpus
+from eagle2.training.data import all_sequences, make_batches, split_shards
 from eagle2.training.evaluate import chain_anchors, draft_chain, evaluate_draft, evaluate_head, head_chain
-from eagle2.training.train import LossProjection, all_sequences, make_batches, split_shards, train_draft, train_head
+from eagle2.training.losses import LossProjection
+from eagle2.training.train import train_draft, train_head
 from tests.conftest import tiny_head
 
 VOCAB = 64
@@ -62,7 +64,8 @@ def head_cfg(**over):
     cfg = {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.0, "warmup": 2, "min_lr_ratio": 0.1, "epochs": 3,
            "max_steps": None, "token_budget": 256, "max_batch": 4, "grad_clip": 1.0, "noise": 0.05, "w_reg": 1.0,
            "w_cls": 0.1, "init_from_target": False, "num_layers": 1, "seed": 0, "loss_dtype": "float32",
-           "checkpoint_every": 4, "log_every": 1, "val_every": None, "val_fraction": 0.25, "val_max_sequences": None}
+           "checkpoint_every": 4, "log_every": 1, "val_every": None, "val_fraction": 0.25, "val_max_sequences": None,
+           "unroll": 1, "unroll_cls_fraction": 1.0, "init_from": None, "max_train_sequences": None}
     cfg.update(over)
     return OmegaConf.create(cfg)
 
@@ -103,7 +106,7 @@ def test_head_training_loss_decreases(target, corpus, tmp_path, unroll):
 
 
 def test_head_init_from_target_passes_feature_through(target):
-    from eagle2.training.train import new_head
+    from eagle2.training.models import new_head
 
     head = new_head(target, init_from_target=True)
     h = head.config.hidden_size
@@ -169,7 +172,8 @@ def test_evaluate_head_and_draft_numbers(target, corpus, tmp_path):
     head, _ = train_head(target, corpus, head_cfg(epochs=2), tmp_path / "head")
     save_head(head, tmp_path / "eagle_head")
     head = load_head(tmp_path / "eagle_head", target)
-    cfg = OmegaConf.create({"depth": 5, "stride": 2, "max_sequences": None})
+    cfg = OmegaConf.create({"depth": 5, "stride": 2, "max_sequences": None, "token_budget": 2048, "max_batch": 16,
+                            "max_anchors_per_sequence": 64})
     for metrics in (evaluate_head(head, target, seqs, cfg),
                     evaluate_draft(build_draft_model(target, 2), target, seqs, cfg)):
         tf, chain = metrics["teacher_forced"], metrics["chain"]
@@ -189,7 +193,7 @@ def _slow_chain(step_fn, seq, anchors, depth):
 
 def test_chain_drafting_matches_step_by_step_reference(target, corpus):
     from eagle2.head import causal_mask
-    from eagle2.training.train import new_head
+    from eagle2.training.models import new_head
 
     seq = all_sequences(corpus)[3]
     head = new_head(target, init_from_target=False).eval()
@@ -259,7 +263,7 @@ def test_tiny_recipe_on_smollm2(tmp_path):
 
 
 def test_chunked_soft_cross_entropy_matches_naive():
-    from eagle2.training.train import soft_cross_entropy
+    from eagle2.training.losses import soft_cross_entropy
 
     torch.manual_seed(0)
     lm_head = torch.nn.Linear(16, 50, bias=False)
@@ -374,7 +378,8 @@ def _unrolled_reference(head, seq, steps: int) -> list[dict[int, torch.Tensor]]:
 @pytest.mark.parametrize("steps", [2, 3])
 def test_unrolled_head_loss_matches_step_by_step_drafting(target, corpus, steps):
     """The training-time-test loss equals the loss of features drafted one chain at a time."""
-    from eagle2.training.train import collate, head_loss
+    from eagle2.training.data import collate
+    from eagle2.training.losses import head_loss
 
     torch.manual_seed(1)
     head = tiny_head(target)

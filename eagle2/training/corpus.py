@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from eagle2.cache import forward_target, new_cache
-from eagle2.chat import encode_conversation
+from eagle2.chat import encode_conversation, stop_ids
 from eagle2.data import all_benchmark_questions
 
 
@@ -119,15 +119,17 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
-                 worker: int = 0, workers: int = 1, answers: list[str] | None = None) -> Path:
+                 worker: int = 0, workers: int = 1, answers: list[str] | None = None, stop_tokens=()) -> Path:
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
     seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
     ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
     ``workers``-th batch of the order. With ``answers`` (one per prompt, e.g. the dataset's own) the
-    target does not answer: it reads those answers (teacher forcing) and only its features are kept."""
+    target does not answer: it reads those answers (teacher forcing, each closed by the EOS) and only its
+    features are kept. An answer ends at the EOS or one of ``stop_tokens`` (the model config's)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos_ids = stop_ids(tokenizer, stop_tokens)
+    eos_end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     encoded = []
     for sample in range(samples_per_prompt if answers is None else 1):
         for i, p in enumerate(prompts):
@@ -135,7 +137,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
             if len(ids) <= max_prompt_tokens:
                 given = None if answers is None else (
                     tokenizer(answers[i], add_special_tokens=False)["input_ids"][:max_new_tokens - 1]
-                    + sorted(eos_ids)[:1])
+                    + eos_end)
                 encoded.append((sample, i, ids, given))
     encoded.sort(key=lambda e: len(e[2]))  # similar lengths share a batch: less padding
     batches = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]

@@ -13,7 +13,7 @@ Two measures, on sequences in the corpus format (the target's own greedy answers
 
 All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
 and its own earlier drafts through a 4D mask. ``build_mtbench_heldout`` answers the MT-bench first
-turns greedily with the target, the headline held-out set.
+turns greedily with the target, the headline held-out set. The recipe's eval stage is ``recipe.eval_stage``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import torch
 
 from eagle2.cache import forward_target, new_cache
 from eagle2.head import causal_mask
-from eagle2.training.train import LossProjection, Sequence, draft_loss, evaluate_loss, head_loss
+from eagle2.training.data import Sequence
+from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss
+from eagle2.tree import additive_mask
 
 
 def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None) -> list[int]:
@@ -42,9 +44,7 @@ def chain_mask(n_true: int, last_true: torch.Tensor, steps_done: int, dtype: tor
     device = last_true.device
     true_part = torch.arange(n_true, device=device)[None] <= last_true[:, None]
     own = torch.eye(a, dtype=torch.bool, device=device).repeat(1, steps_done + 1)
-    allowed = torch.cat([true_part, own], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    return additive_mask(torch.cat([true_part, own], dim=1), dtype, device)
 
 
 @torch.no_grad()
@@ -109,40 +109,38 @@ def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: 
 
 
 def _tf_settings(cfg) -> dict:
-    return {"token_budget": cfg.get("token_budget", 2048), "max_batch": cfg.get("max_batch", 16),
-            "max_sequences": cfg.get("max_sequences")}
+    return {"token_budget": cfg.token_budget, "max_batch": cfg.max_batch, "max_sequences": cfg.max_sequences}
 
 
 def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 and greedy-chain acceptance of an EAGLE head on ``seqs``."""
-    seqs = seqs[: cfg.get("max_sequences")] if cfg.get("max_sequences") else seqs
+    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
     head.eval()
     tf = evaluate_loss(head, partial(head_loss, proj=proj, noise=0.0, w_reg=1.0, w_cls=0.1), seqs,
                        device=head.fc.weight.device, **_tf_settings(cfg))
-    chain = chain_acceptance(partial(head_chain, head, proj), seqs, depth=cfg.get("depth", 5),
-                             stride=cfg.get("stride", 4),
-                             max_anchors_per_sequence=cfg.get("max_anchors_per_sequence", 64))
+    chain = chain_acceptance(partial(head_chain, head, proj), seqs, depth=cfg.depth, stride=cfg.stride,
+                             max_anchors_per_sequence=cfg.max_anchors_per_sequence)
     return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
 
 
 def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 and greedy-chain acceptance of an SpS draft model on ``seqs``."""
-    seqs = seqs[: cfg.get("max_sequences")] if cfg.get("max_sequences") else seqs
+    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
     own = LossProjection(draft.get_output_embeddings(), torch.float32)
     draft.eval()
     tf = evaluate_loss(draft, partial(draft_loss, proj=proj, draft_proj=own), seqs,
                        device=next(draft.parameters()).device, **_tf_settings(cfg))
-    chain = chain_acceptance(partial(draft_chain, draft, own), seqs, depth=cfg.get("depth", 5),
-                             stride=cfg.get("stride", 4),
-                             max_anchors_per_sequence=cfg.get("max_anchors_per_sequence", 64))
+    chain = chain_acceptance(partial(draft_chain, draft, own), seqs, depth=cfg.depth, stride=cfg.stride,
+                             max_anchors_per_sequence=cfg.max_anchors_per_sequence)
     return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
 
 
 def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: str, system_prompt: str | None,
                           max_new_tokens: int, batch_size: int = 16, limit: int | None = None,
-                          benchmark: str = "mt_bench", benchmarks_dir: str | Path | None = None) -> Path:
+                          benchmark: str = "mt_bench", benchmarks_dir: str | Path | None = None,
+                          stop_tokens=()) -> Path:
     """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
     (resumable; reused when already complete)."""
     from eagle2.data import benchmark_file, load_questions
@@ -152,7 +150,7 @@ def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: s
     prompts = [q["turns"][0] for q in questions]
     return build_corpus(target, tokenizer, prompts, out_dir, template=template, system_prompt=system_prompt,
                         batch_size=batch_size, max_new_tokens=max_new_tokens, max_prompt_tokens=1 << 30,
-                        temperature=0.0, samples_per_prompt=1, seed=0)
+                        temperature=0.0, samples_per_prompt=1, seed=0, stop_tokens=stop_tokens)
 
 
 def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") -> Path:
@@ -160,41 +158,3 @@ def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2))
     return path
-
-
-def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
-    """Evaluate the exported head / draft on the Alpaca held-out shards and on MT-bench first turns
-    (answered greedily by the target); write ``eval.json`` next to each artifact."""
-    from omegaconf import OmegaConf
-
-    from eagle2.draft_model import load_draft_model
-    from eagle2.head import load_head
-    from eagle2.training.train import all_sequences, load_sequences, split_shards
-
-    ev, export = cfg.train.eval, cfg.train.export
-    kinds = tuple(kinds or ev.get("kinds") or ("head", "draft"))
-    if any(k not in ("head", "draft") for k in kinds):
-        raise ValueError(f"train.eval.kinds must list head and/or draft, not {list(kinds)}")
-    _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.get("val_fraction", 0.03))
-    mt = ev.mtbench
-    mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,
-                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
-                                   batch_size=mt.batch_size, limit=mt.get("limit"))
-    sets = {"mt_bench": all_sequences(mt_dir), "alpaca_heldout": load_sequences(val_paths)}
-    settings = OmegaConf.to_container(ev)
-    results = {}
-    for kind in kinds:
-        folder = root / (export.head if kind == "head" else export.draft)
-        if kind == "head":
-            model, fn = load_head(folder, target), evaluate_head
-        else:
-            model, fn = load_draft_model(str(folder), target), evaluate_draft
-        metrics = {"target": cfg.model.name, "artifact": str(folder), "settings": settings}
-        for name, seqs in sets.items():
-            metrics[name] = fn(model, target, seqs, ev)
-            chain, tf = metrics[name]["chain"], metrics[name]["teacher_forced"]
-            print(f"[eval] {kind} on {name}: top1={tf.get('top1', 0):.3f} top4={tf.get('top4', 0):.3f} "
-                  f"chain tau={chain['tau']:.3f} ({chain['anchors']} anchors)", flush=True)
-        write_eval_json(folder, metrics)
-        results[kind] = metrics
-    return results

@@ -1,0 +1,116 @@
+"""Corpus shards -> training data: sequences, the train/val split, token-budget batches, padded tensors.
+
+A corpus (``corpus.py``) is a folder of ``shard_*.safetensors``; each holds concatenated sequences
+(``tokens``, post-norm ``features``, ``offsets``, ``response_start``). Batches are right-padded,
+length-bucketed and in a fixed order per epoch drawn from the seed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from eagle2.training.corpus import read_shards
+
+
+class Sequence(NamedTuple):
+    tokens: torch.Tensor  # (n,) int
+    features: torch.Tensor  # (n, H) post-norm hidden states, usually fp16
+    start: int  # index of the first answer token
+
+
+def shard_index(path: Path) -> int:
+    match = re.search(r"(\d+)", path.stem)
+    return int(match.group(1)) if match else 0
+
+
+def split_shards(folder: str | Path, val_fraction: float) -> tuple[list[Path], list[Path]]:
+    """(train, val) shard paths: every ``round(1/val_fraction)``-th shard index is held out.
+
+    Shard indices follow prompt length, so this spreads the held-out prompts over all lengths. With
+    too few shards for that rule the last shard is held out (if there are at least two).
+    """
+    paths = sorted(Path(folder).glob("shard_*.safetensors"), key=shard_index)
+    if not paths:
+        raise FileNotFoundError(f"no corpus shards (shard_*.safetensors) in {folder}")
+    if val_fraction <= 0 or len(paths) < 2:
+        return paths, []
+    k = max(2, round(1 / val_fraction))
+    val = [p for p in paths if shard_index(p) % k == k - 1]
+    if not val:
+        val = [paths[-1]]
+    return [p for p in paths if p not in val], val
+
+
+def shard_sequences(shard: dict[str, torch.Tensor]) -> list[Sequence]:
+    offsets = shard["offsets"].tolist()
+    starts = shard["response_start"].tolist()
+    return [Sequence(shard["tokens"][a:b].long(), shard["features"][a:b], int(s))
+            for a, b, s in zip(offsets[:-1], offsets[1:], starts) if b - a >= 2]
+
+
+def load_sequences(paths) -> list[Sequence]:
+    from safetensors.torch import load_file
+
+    seqs: list[Sequence] = []
+    for path in paths:
+        seqs.extend(shard_sequences(load_file(str(path))))
+    return seqs
+
+
+def all_sequences(folder: str | Path) -> list[Sequence]:
+    return [s for shard in read_shards(folder) for s in shard_sequences(shard)]
+
+
+def train_val_sequences(corpus_dir: str | Path, val_fraction: float,
+                        max_train_sequences: int | None = None) -> tuple[list[Sequence], list[Sequence]]:
+    """(train, val) sequences of a corpus; ``max_train_sequences`` keeps that many train sequences."""
+    train_paths, val_paths = split_shards(corpus_dir, val_fraction)
+    train_seqs = load_sequences(train_paths)
+    if max_train_sequences and int(max_train_sequences) < len(train_seqs):
+        # evenly spaced: shards follow prompt length, so a prefix would keep only the short prompts
+        keep = torch.linspace(0, len(train_seqs) - 1, int(max_train_sequences)).round().long().unique()
+        train_seqs = [train_seqs[i] for i in keep.tolist()]
+    return train_seqs, load_sequences(val_paths)
+
+
+def make_batches(lengths: list[int], token_budget: int, max_batch: int, seed: int, epoch: int,
+                 window: int = 512) -> list[list[int]]:
+    """Shuffled batches of sequence indices with ``len(batch) * longest <= token_budget``."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    batches: list[list[int]] = []
+    for w in range(0, len(order), window):  # sort inside windows: little padding, still random
+        current: list[int] = []
+        longest = 0
+        for i in sorted(order[w:w + window], key=lambda i: lengths[i]):
+            grown = max(longest, lengths[i])
+            if current and (grown * (len(current) + 1) > token_budget or len(current) >= max_batch):
+                batches.append(current)
+                current, grown = [], lengths[i]
+            current.append(i)
+            longest = grown
+        if current:
+            batches.append(current)
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in perm]
+
+
+def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
+    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,)."""
+    width = max(len(s.tokens) for s in seqs)
+    hidden = seqs[0].features.shape[-1]
+    tokens = torch.zeros((len(seqs), width), dtype=torch.long)
+    feats = torch.zeros((len(seqs), width, hidden), dtype=torch.float32)
+    valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for row, s in enumerate(seqs):
+        n = len(s.tokens)
+        tokens[row, :n] = s.tokens
+        feats[row, :n] = s.features.float()
+        valid[row, :n] = True
+    start = torch.tensor([s.start for s in seqs], dtype=torch.long)
+    return {"tokens": tokens.to(device), "features": feats.to(device), "valid": valid.to(device),
+            "start": start.to(device)}

@@ -1,0 +1,193 @@
+"""The training loop shared by EAGLE heads and SpS draft models, with exact checkpoint/resume.
+
+AdamW, warmup + cosine LR, batches under a token budget (``data.make_batches``: a fixed order per
+epoch drawn from the seed), gradient clipping, and one checkpoint file (``checkpoint.pt``: weights,
+optimizer, scheduler, position in the data, RNG) replaced atomically every ``checkpoint_every`` steps
+and at every epoch end. A rerun with the same ``out_dir`` resumes from it and reproduces an
+uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from eagle2.training.data import Sequence, collate, make_batches
+from eagle2.training.losses import evaluate_loss
+from eagle2.training.models import trainable_state
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warmup_steps(warmup: float, total: int) -> int:
+    """``warmup`` is a fraction of ``total`` when < 1, else a step count; at least one step."""
+    return max(1, int(warmup * total) if warmup < 1 else int(warmup))
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """``metrics.jsonl``, holding exactly the steps up to ``upto_step``: lines of later steps (a run that
+    was killed between checkpoints) are dropped, since those steps are redone."""
+
+    def __init__(self, path: Path, upto_step: int):
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if line.strip() and json.loads(line)["step"] <= upto_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.file = path.open("a")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Trainer:
+    """One training run of ``module``: its optimizer, schedule, batch plan, RNG and position (step,
+    epoch, batch), which is what the checkpoint stores."""
+
+    def __init__(self, module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence],
+                 val_seqs: list[Sequence], cfg, out_dir: str | Path, *, desc: str, fingerprint_extra: dict):
+        self.module, self.loss_fn, self.cfg, self.desc = module, loss_fn, cfg, desc
+        self.train_seqs, self.val_seqs = train_seqs, val_seqs
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.ckpt = self.out / "checkpoint.pt"
+        self.device = next(module.parameters()).device
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        lengths = [len(s.tokens) for s in train_seqs]
+        self.plan = [make_batches(lengths, cfg.token_budget, cfg.max_batch, cfg.seed, e) for e in range(cfg.epochs)]
+        self.total = sum(len(p) for p in self.plan)
+        if cfg.max_steps:
+            self.total = min(self.total, int(cfg.max_steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, partial(lr_factor, warmup=warmup_steps(cfg.warmup, self.total), total=self.total,
+                              min_ratio=cfg.min_lr_ratio))
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.fingerprint = {"total_steps": self.total, "sequences": len(train_seqs),
+                            "token_budget": cfg.token_budget, "seed": cfg.seed, "lr": cfg.lr, **fingerprint_extra}
+        self.step = self.epoch = self.batch_idx = 0
+        self.saved_at = 0
+        self.log: MetricsLog | None = None
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def resume(self) -> None:
+        """Continue from ``checkpoint.pt`` if there is one (written by the same run)."""
+        if not self.ckpt.exists():
+            return
+        state = torch.load(self.ckpt, map_location=self.device, weights_only=True)
+        if state["fingerprint"] != self.fingerprint:
+            raise ValueError(f"{self.ckpt} was written by a different run ({state['fingerprint']} vs "
+                             f"{self.fingerprint}); use another out_dir or delete it")
+        self.module.load_state_dict(state["model"], strict=False)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.gen.set_state(state["noise_rng"].cpu())
+        torch.set_rng_state(state["torch_rng"].cpu())
+        self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
+        self.saved_at = self.step
+        tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
+
+    def save(self) -> None:
+        save_checkpoint(self.ckpt, {
+            "model": trainable_state(self.module), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
+            "noise_rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "fingerprint": self.fingerprint})
+        self.saved_at = self.step
+
+    # ---------------------------------------------------------------------------------- steps
+    def validate(self) -> dict:
+        stats = evaluate_loss(self.module, self.loss_fn, self.val_seqs, token_budget=self.cfg.token_budget,
+                              max_batch=self.cfg.max_batch, max_sequences=self.cfg.val_max_sequences,
+                              device=self.device)
+        if stats:
+            self.log.write({"step": self.step, "epoch": self.epoch, "split": "val", **stats})
+            tqdm.write(f"[{self.desc}] step {self.step} val " + " ".join(f"{k}={v:.4g}" for k, v in stats.items()))
+        return stats
+
+    def train_step(self, indices: list[int], with_stats: bool) -> tuple[dict, float, int]:
+        """One optimizer step on the batch ``indices``; returns (loss stats, grad norm, real tokens)."""
+        batch = collate([self.train_seqs[i] for i in indices], self.device)
+        loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        self.batch_idx += 1
+        return stats, float(grad_norm), int(batch["valid"].sum())
+
+    def run(self, *, stop_after: int | None = None, on_step: Callable[[int, dict], None] | None = None) -> dict:
+        """Train to the end (or ``stop_after`` steps); returns the summary."""
+        cfg = self.cfg
+        self.log = MetricsLog(self.out / "metrics.jsonl", self.step)
+        bar = tqdm(total=self.total, initial=self.step, desc=self.desc, dynamic_ncols=True)
+        self.module.train()
+        tokens_seen, t0 = 0, time.time()
+        stopped = False
+        last_stats: dict = {}
+        while self.step < self.total and not stopped:
+            batches = self.plan[self.epoch]
+            while self.batch_idx < len(batches) and self.step < self.total:
+                log_step = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == self.total
+                stats, grad_norm, tokens = self.train_step(batches[self.batch_idx], with_stats=log_step)
+                tokens_seen += tokens
+                rate = tokens_seen / max(time.time() - t0, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{rate:.0f}")
+                if log_step:
+                    last_stats = {**stats, "grad_norm": grad_norm, "lr": self.sched.get_last_lr()[0], "tok_s": rate}
+                    self.log.write({"step": self.step, "epoch": self.epoch, "split": "train", **last_stats})
+                if on_step is not None:
+                    on_step(self.step, stats)
+                if self.step % cfg.checkpoint_every == 0:
+                    self.save()
+                if cfg.val_every and self.step % cfg.val_every == 0:
+                    self.validate()
+                if stop_after is not None and self.step >= stop_after:
+                    stopped = True
+                    break
+            if self.batch_idx >= len(batches):  # epoch end
+                self.epoch, self.batch_idx = self.epoch + 1, 0
+                self.save()
+                if self.step < self.total:
+                    self.validate()
+        if self.saved_at != self.step:
+            self.save()
+        bar.close()
+        final = {} if stopped else self.validate()
+        self.log.close()
+        return {"step": self.step, "total_steps": self.total, "stopped": stopped, "train": last_stats, "val": final}
+
+
+def fit(module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence], val_seqs: list[Sequence],
+        cfg, out_dir: str | Path, *, stop_after: int | None = None,
+        on_step: Callable[[int, dict], None] | None = None, desc: str = "train",
+        fingerprint_extra: dict | None = None) -> dict:
+    """Train ``module`` in place, resuming from ``out_dir/checkpoint.pt``; returns a summary.
+    ``fingerprint_extra``: settings beyond the common ones that a checkpoint must have been written with."""
+    trainer = Trainer(module, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc=desc,
+                      fingerprint_extra=fingerprint_extra or {})
+    trainer.resume()
+    return trainer.run(stop_after=stop_after, on_step=on_step)

@@ -1,0 +1,214 @@
+"""The training losses of EAGLE heads and SpS draft models, and their position-weighted evaluation.
+
+EAGLE head (as in the EAGLE paper): for every sequence the head reads the pairs ``(t[i+1], f[i])``,
+with ``f[i]`` jittered by uniform noise ``U(-noise, noise)``, under causal attention; its output
+``p[i]`` is regressed onto ``f[i+1]`` with SmoothL1 and, weighted by ``w_cls``, its distribution
+``log_softmax(lm_head(p[i]))`` is fitted to the target's ``softmax(lm_head(f[i+1]))`` (soft
+cross-entropy). Losses count only where ``f[i+1]`` is an answer position (``i+1 >= response_start``);
+the prompt is context. The embedding and LM head are the target's, frozen. ``unroll > 1`` adds draft
+steps on the head's own predicted features, attending as drafting does (``unroll_mask``).
+
+SpS draft model: a soft cross-entropy (KL up to a constant) of the draft's next-token distribution
+against the target's ``softmax(lm_head(f[j]))`` at the answer positions (optionally the prompt too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from eagle2.cache import new_cache
+from eagle2.head import EagleHead, causal_mask
+from eagle2.training.data import Sequence, collate, make_batches
+from eagle2.tree import additive_mask
+
+
+class LossProjection:
+    """The target's frozen LM head, applied in ``dtype`` (bf16 is ~2.5x faster on AVX512 CPUs);
+    returns fp32 logits."""
+
+    def __init__(self, lm_head: torch.nn.Module, dtype: torch.dtype = torch.float32):
+        self.weight = lm_head.weight.detach().to(dtype)
+        self.bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias.detach().to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Mean over rows of ``-sum_v q_v log softmax(x W^T)_v`` with ``q = softmax(y W^T)``, computed in
+    row chunks: the (rows, vocab) logits never exist at once and the gradient with respect to ``x``,
+    ``(softmax(x W^T) - q) W``, is formed during the forward. Agreement stats go into ``stats``."""
+
+    @staticmethod
+    def forward(ctx, x, y, weight, bias, chunk, topk, stats):
+        n = x.shape[0]
+        grad = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        total = entropy = 0.0
+        top1 = topk_hits = 0
+        for a in range(0, n, chunk):
+            logp = torch.log_softmax(F.linear(x[a:a + chunk].to(weight.dtype), weight, bias).float(), -1)
+            zq = F.linear(y[a:a + chunk].to(weight.dtype), weight, bias).float()
+            q = torch.softmax(zq, -1)
+            total -= float(torch.linalg.vecdot(q, logp).sum())
+            if topk:
+                want = zq.argmax(-1)
+                top1 += int((logp.argmax(-1) == want).sum())
+                entropy -= float(torch.linalg.vecdot(q, torch.log_softmax(zq, -1)).sum())
+                if topk > 1:
+                    topk_hits += int((logp.topk(topk, dim=-1).indices == want[:, None]).any(-1).sum())
+            if grad is not None:
+                g = logp.exp_().sub_(q)
+                grad[a:a + chunk] = (g.to(weight.dtype) @ weight).to(x.dtype)
+        if topk:
+            stats.update(top1=top1 / max(n, 1), entropy=entropy / max(n, 1))
+        if topk > 1:
+            stats[f"top{topk}"] = topk_hits / max(n, 1)
+        ctx.save_for_backward(grad)
+        ctx.n = n
+        return x.new_tensor(total / max(n, 1))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad,) = ctx.saved_tensors
+        return grad * (grad_out / ctx.n), None, None, None, None, None, None
+
+
+def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *, topk: int = 4,
+                       chunk: int = 1024) -> tuple[torch.Tensor, dict]:
+    """Soft cross-entropy of ``lm_head(x)`` against ``softmax(lm_head(y))`` (``y`` gets no gradient).
+    With ``topk >= 1`` also top-1 / top-``topk`` agreement with ``argmax lm_head(y)`` and the entropy
+    of the target distribution (``topk=0``: the loss only, a little faster)."""
+    stats: dict = {}
+    loss = _SoftCrossEntropy.apply(x, y.detach(), proj.weight, proj.bias, chunk, topk, stats)
+    return loss, stats
+
+
+def unroll_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive mask of unrolled draft step ``step`` (>= 2) over a cache holding steps ``1..step``.
+
+    Step ``s`` has one query per position ``j = s-1 .. length-1``: the chain that started from the true
+    prefix ``0..j-s+1`` and has drafted ``s-1`` features since. As when drafting, that query sees the
+    step-1 keys (true features) at positions ``<= j-step+1`` and, of every later step ``s``, only its
+    own chain's key, at position ``j-step+s``.
+    """
+    j = torch.arange(step - 1, length, device=device)
+    parts = [torch.arange(length, device=device)[None] <= (j - step + 1)[:, None]]
+    for s in range(2, step + 1):
+        parts.append(torch.arange(s - 1, length, device=device)[None] == (j - step + s)[:, None])
+    return additive_mask(torch.cat(parts, dim=1), dtype, device)
+
+
+def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: float, w_reg: float,
+              w_cls: float, unroll: int = 1, unroll_cls_fraction: float = 1.0,
+              generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
+    """EAGLE loss over a batch; returns (loss, stats). Noise only when ``train``; agreement stats
+    (top-1, and top-4 when not training) only ``with_stats``.
+
+    ``unroll > 1`` adds the loss of draft steps 2..unroll ("training-time test"): step ``s`` reads
+    ``(t[j+1], its own predicted feature for f[j])`` at every position, attends as drafting does
+    (``unroll_mask``), and is fitted to ``f[j+1]`` like step 1. Tokens are the true ones (a chain
+    is only worth anything while its tokens are right). The steps' losses are averaged; ``top1``
+    stays step 1's, ``top1_s{s}`` is step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most
+    of the cost) of steps >= 2 may use a random ``unroll_cls_fraction`` of their positions when
+    training: an unbiased estimate at a fraction of the cost."""
+    tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
+    b, length = tokens.shape
+    n_pos = length - 1  # head position j reads (t[j+1], f[j]) and predicts f[j+1]
+    f_in = feats[:, :-1]
+    if train and noise > 0:
+        jitter = torch.rand(f_in.shape, generator=generator, device=f_in.device, dtype=f_in.dtype)
+        f_in = f_in + (jitter * 2 - 1) * noise
+    pos = torch.arange(n_pos, device=tokens.device)
+    answer = valid[:, 1:] & (pos[None] + 1 >= start[:, None])
+    cache = new_cache(head) if unroll > 1 else None
+    pred = head(tokens[:, 1:], f_in, position_ids=pos.expand(b, -1),
+                attention_mask=causal_mask(n_pos, 0, f_in.dtype, tokens.device), cache=cache)
+    total, stats, steps = None, {}, 0
+    for step in range(1, unroll + 1):
+        if step > 1:
+            if n_pos - step + 1 <= 0:
+                break
+            p_pos = pos[step - 1:]
+            pred = head(tokens[:, step:], pred[:, :-1], position_ids=p_pos.expand(b, -1),
+                        attention_mask=unroll_mask(n_pos, step, f_in.dtype, tokens.device), cache=cache)
+        sel = answer[:, step - 1:]
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        p, y = pred[sel], feats[:, step:][sel]
+        reg = F.smooth_l1_loss(p, y)
+        p_cls, y_cls = p, y
+        if step > 1 and train and unroll_cls_fraction < 1:
+            pick = torch.randperm(n, generator=generator, device=p.device)[: max(1, round(n * unroll_cls_fraction))]
+            p_cls, y_cls = p[pick], y[pick]
+        cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0)
+        loss = w_reg * reg + w_cls * cls
+        total = loss if total is None else total + loss
+        steps += 1
+        if step == 1:
+            step_stats.pop("entropy", None)
+            stats.update(step_stats, reg=reg.item(), cls=cls.item(), n=n)
+        elif "top1" in step_stats:
+            stats[f"top1_s{step}"] = step_stats["top1"]
+    if total is None:
+        return pred.sum() * 0.0, {"loss": 0.0, "reg": 0.0, "cls": 0.0, "top1": 0.0, "n": 0}
+    total = total / steps
+    stats["loss"] = total.item()
+    stats.setdefault("n", 0)
+    return total, stats
+
+
+def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,
+               draft_proj: LossProjection | None = None, generator: torch.Generator | None = None,
+               train: bool = True, with_stats: bool = True):
+    """Soft cross-entropy of the draft against the target's next-token distribution. ``proj`` is the
+    target's LM head; ``draft_proj`` the draft's when it has its own (default: shared, ``proj``)."""
+    tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
+    b, length = tokens.shape
+    pos = torch.arange(length, device=tokens.device)
+    hidden = draft.base_model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos.expand(b, -1),
+                              use_cache=False).last_hidden_state
+    sel = valid if loss_on_prompt else valid & (pos[None] + 1 >= start[:, None])
+    n = int(sel.sum())
+    if n == 0:
+        return hidden.sum() * 0.0, {"loss": 0.0, "kl": 0.0, "top1": 0.0, "n": 0}
+    if draft_proj is None:
+        ce, stats = soft_cross_entropy(hidden[sel], feats[sel], proj,
+                                       topk=(1 if train else 4) if with_stats else 0)
+    else:  # a draft with its own LM head (a hub checkpoint): evaluation only
+        q_logits = proj(feats[sel])
+        logp = torch.log_softmax(draft_proj(hidden[sel]), dim=-1)
+        q = torch.softmax(q_logits, -1)
+        want = q_logits.argmax(-1)
+        ce = -(q * logp).sum(-1).mean()
+        stats = {"top1": (logp.argmax(-1) == want).float().mean().item(),
+                 "top4": (logp.topk(4, -1).indices == want[:, None]).any(-1).float().mean().item(),
+                 "entropy": -(q * torch.log_softmax(q_logits, -1)).sum(-1).mean().item()}
+    if "entropy" in stats:
+        stats["kl"] = ce.item() - stats.pop("entropy")
+    stats.update(loss=ce.item(), n=n)
+    return ce, stats
+
+
+@torch.no_grad()
+def evaluate_loss(module, loss_fn: Callable, seqs: list[Sequence], *, token_budget: int, max_batch: int,
+                  max_sequences: int | None = None, device=None) -> dict[str, float]:
+    """Position-weighted means of the loss stats over ``seqs`` (no noise)."""
+    seqs = seqs[:max_sequences] if max_sequences else seqs
+    if not seqs:
+        return {}
+    was_training = module.training
+    module.eval()
+    totals: dict[str, float] = {}
+    count = 0
+    for idx in make_batches([len(s.tokens) for s in seqs], token_budget, max_batch, seed=0, epoch=0):
+        _, stats = loss_fn(module, collate([seqs[i] for i in idx], device), train=False)
+        n = stats.pop("n")
+        count += n
+        for k, v in stats.items():
+            totals[k] = totals.get(k, 0.0) + v * n
+    module.train(was_training)
+    return {k: v / max(count, 1) for k, v in totals.items()} | {"positions": count}

@@ -1,0 +1,143 @@
+"""The stages of ``train_head.py`` (corpus | head | draft | eval, or all of them in that order), each
+reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eagle2.training.models import export_dtype
+from eagle2.training.train import train_draft, train_head
+
+STAGES = ("corpus", "head", "draft", "eval")
+
+
+def stages_of(stage: str) -> tuple[str, ...]:
+    """The stages that ``stage`` (one of ``STAGES`` or ``all``) runs, in order."""
+    stages = STAGES if stage == "all" else (stage,)
+    if any(s not in STAGES for s in stages):
+        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)} or all")
+    return stages
+
+
+def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
+    """Build (or finish) the self-distillation corpus of ``conf/train/*.yaml``."""
+    from eagle2.training.corpus import build_corpus, training_records
+
+    records = training_records(root / corpus_cfg.prompts)
+    if corpus_cfg.limit:
+        records = records[: int(corpus_cfg.limit)]
+    prompts = [p for p, _ in records]
+    responses = corpus_cfg.responses
+    if responses not in ("self", "dataset"):
+        raise ValueError(f"train.corpus.responses must be 'self' or 'dataset', not {responses!r}")
+    return build_corpus(target, tokenizer, prompts, root / corpus_cfg.out_dir, template=corpus_cfg.template,
+                        system_prompt=corpus_cfg.system_prompt, batch_size=corpus_cfg.batch_size,
+                        max_new_tokens=corpus_cfg.max_new_tokens, max_prompt_tokens=corpus_cfg.max_prompt_tokens,
+                        temperature=corpus_cfg.temperature, samples_per_prompt=corpus_cfg.samples_per_prompt,
+                        seed=corpus_cfg.seed, max_batches=corpus_cfg.max_batches, worker=corpus_cfg.worker,
+                        workers=corpus_cfg.workers, stop_tokens=corpus_cfg.stop_tokens,
+                        answers=[a for _, a in records] if responses == "dataset" else None)
+
+
+def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
+    from omegaconf import OmegaConf
+
+    info = {"kind": kind, "target": cfg.model.name, "corpus": OmegaConf.to_container(cfg.train.corpus),
+            "recipe": OmegaConf.to_container(cfg.train[kind]), "stored_dtype": str(dtype).replace("torch.", ""),
+            "summary": summary}
+    (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def _check_size(folder: Path, max_mb: float) -> None:
+    size = (folder / "model.safetensors").stat().st_size / 1e6
+    if size > max_mb:
+        raise RuntimeError(f"{folder}/model.safetensors is {size:.1f} MB, over the {max_mb} MB limit")
+
+
+def head_stage(target, cfg, root: Path) -> Path | None:
+    """Train the EAGLE head and export it (published format, no embedding) to ``train.export.head``."""
+    from eagle2.head import save_head
+
+    head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
+                               root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after)
+    if summary["stopped"]:
+        return None
+    from eagle2.training.corpus import tokens_by_frequency
+
+    if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
+        head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
+    dtype = export_dtype(head, cfg.train.export.head_max_mb)
+    folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
+    _check_size(folder, cfg.train.export.head_max_mb)
+    _write_training_card(folder, "head", cfg, summary, dtype)
+    return folder
+
+
+def draft_stage(target, cfg, root: Path) -> Path | None:
+    """Train the SpS draft model and export it (no embedding / LM head) to ``train.export.draft``."""
+    from eagle2.draft_model import save_draft_model
+
+    draft, summary = train_draft(target, root / cfg.train.corpus.out_dir, cfg.train.draft,
+                                 root / cfg.train.draft.out_dir, stop_after=cfg.train.draft.stop_after)
+    if summary["stopped"]:
+        return None
+    dtype = export_dtype(draft, cfg.train.export.draft_max_mb)
+    folder = save_draft_model(draft, root / cfg.train.export.draft, dtype=dtype)
+    _check_size(folder, cfg.train.export.draft_max_mb)
+    _write_training_card(folder, "draft", cfg, summary, dtype)
+    return folder
+
+
+def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
+    """Evaluate the exported head / draft on the Alpaca held-out shards and on MT-bench first turns
+    (answered greedily by the target); write ``eval.json`` next to each artifact."""
+    from omegaconf import OmegaConf
+
+    from eagle2.draft_model import load_draft_model
+    from eagle2.head import load_head
+    from eagle2.training.data import all_sequences, load_sequences, split_shards
+    from eagle2.training.evaluate import build_mtbench_heldout, evaluate_draft, evaluate_head, write_eval_json
+
+    ev, export = cfg.train.eval, cfg.train.export
+    kinds = tuple(kinds or ev.kinds)
+    if any(k not in ("head", "draft") for k in kinds):
+        raise ValueError(f"train.eval.kinds must list head and/or draft, not {list(kinds)}")
+    _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.val_fraction)
+    mt = ev.mtbench
+    mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,
+                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
+                                   batch_size=mt.batch_size, limit=mt.limit, stop_tokens=cfg.train.corpus.stop_tokens)
+    sets = {"mt_bench": all_sequences(mt_dir), "alpaca_heldout": load_sequences(val_paths)}
+    settings = OmegaConf.to_container(ev)
+    results = {}
+    for kind in kinds:
+        folder = root / (export.head if kind == "head" else export.draft)
+        if kind == "head":
+            model, fn = load_head(folder, target), evaluate_head
+        else:
+            model, fn = load_draft_model(str(folder), target), evaluate_draft
+        metrics = {"target": cfg.model.name, "artifact": str(folder), "settings": settings}
+        for name, seqs in sets.items():
+            metrics[name] = fn(model, target, seqs, ev)
+            chain, tf = metrics[name]["chain"], metrics[name]["teacher_forced"]
+            print(f"[eval] {kind} on {name}: top1={tf.get('top1', 0):.3f} top4={tf.get('top4', 0):.3f} "
+                  f"chain tau={chain['tau']:.3f} ({chain['anchors']} anchors)", flush=True)
+        write_eval_json(folder, metrics)
+        results[kind] = metrics
+    return results
+
+
+def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
+    """Run ``stage`` (one of ``STAGES``) or all of them in order."""
+    stages = stages_of(stage)
+    if "corpus" in stages:
+        print(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}", flush=True)
+    if "head" in stages:
+        print(f"[train_head] head exported to {head_stage(target, cfg, root)}", flush=True)
+    if "draft" in stages:
+        print(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}", flush=True)
+    if "eval" in stages:
+        eval_stage(target, tokenizer, cfg, root)
