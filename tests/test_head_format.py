@@ -165,7 +165,7 @@ def test_save_head_drops_a_checkpoints_own_embedding(target, tmp_path):
 
 
 def test_trained_head_export_round_trip(target, tmp_path):
-    from eagle2.training.train import export_dtype, new_head
+    from eagle2.training.models import export_dtype, new_head
 
     head = new_head(target, init_from_target=True).eval()
     save_head(head, tmp_path / "fp32", dtype=export_dtype(head, 25))

@@ -3,7 +3,7 @@
 
 The pieces: ``data`` (corpus shards -> batches), ``losses`` (the head/draft losses), ``models`` (a
 fresh head, what is stored), ``loop`` (``fit``: optimization, checkpoint/resume); ``recipe`` runs the
-stages of ``train_head.py``. The names this module held before the split are re-exported below.
+stages of ``train_head.py``.
 """
 
 from __future__ import annotations
@@ -14,27 +14,10 @@ from pathlib import Path
 import torch
 
 from eagle2.head import EagleHead
-from eagle2.training.data import (
-    Sequence,
-    all_sequences,
-    collate,
-    load_sequences,
-    make_batches,
-    shard_index,
-    shard_sequences,
-    split_shards,
-    train_val_sequences,
-)
-from eagle2.training.loop import fit, lr_factor
-from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss, soft_cross_entropy, unroll_mask
-from eagle2.training.models import SHARED_KEYS, export_dtype, new_head, trainable_state
-
-__all__ = ["train_head", "train_draft",
-           # re-exported: their home is data / losses / models / loop
-           "Sequence", "all_sequences", "collate", "load_sequences", "make_batches", "shard_index",
-           "shard_sequences", "split_shards", "train_val_sequences", "fit", "lr_factor", "LossProjection",
-           "draft_loss", "evaluate_loss", "head_loss", "soft_cross_entropy", "unroll_mask", "SHARED_KEYS",
-           "export_dtype", "new_head", "trainable_state"]
+from eagle2.training.data import Sequence, train_val_sequences
+from eagle2.training.loop import fit
+from eagle2.training.losses import LossProjection, draft_loss, head_loss
+from eagle2.training.models import new_head
 
 
 def _dtype(name: str) -> torch.dtype:
