@@ -64,8 +64,11 @@ def tolerance_factor(dtype_name: str) -> float:
     return TOLERANCE_FACTORS[canonical(dtype_name)]
 
 
-def reference_dtype(run_dtype: str) -> torch.dtype:
-    return torch.float64 if run_dtype == "float32" else torch.float32
+def reference_dtype(run_dtype: str) -> str:
+    """The dtype name the reference logits are computed in: float64 for float32 runs, else float32."""
+    from eagle2.models import dtype_name
+
+    return "float64" if dtype_name(run_dtype) == "float32" else "float32"
 
 
 @torch.no_grad()
@@ -141,7 +144,7 @@ class ReferenceModels:
 
             with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
                 cfg = compose("config", overrides=[f"model={model_name}", *self.overrides])
-            cfg.model.dtype = str(reference_dtype(run_dtype)).removeprefix("torch.")
+            cfg.model.dtype = reference_dtype(run_dtype)
             self.loaded[key] = load_target(cfg.model)[0]
         return self.loaded[key]
 

