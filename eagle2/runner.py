@@ -63,7 +63,14 @@ def _load_sps_draft(location, target):
     return load_draft_model(location, target)
 
 
-WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft}  # model-config key -> loader
+def _load_medusa_head(location, target):
+    from eagle2.medusa import load_medusa_heads
+
+    return load_medusa_heads(location, target)
+
+
+WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
+                  "medusa_head": _load_medusa_head}  # model-config key -> loader
 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:

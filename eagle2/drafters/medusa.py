@@ -1,0 +1,81 @@
+"""Medusa-1: K heads on the target's last hidden state propose a static tree of top-k choices.
+
+The hidden state of the last committed token (the one whose LM-head output is the root) goes through
+every head once per round: head d-1 gives the candidates at depth d. A node's path [r1, ..., rd] is the
+r1-th most likely token of head 0, then the r2-th of head 1, and so on (the authors' "medusa choices";
+default tree ``eagle2.medusa.MC_SIM_7B_63``). Candidates are chosen deterministically (top-k), so at
+temperature > 0 they are verified by the lossless rule for deterministically chosen children
+(``eagle2.accept``), not by Medusa's typical acceptance, which changes the output distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle2.drafters.eagle_common import drafting_lm_head, path_log_values, tree_from_drafted
+from eagle2.engine import device_clock
+from eagle2.medusa import MedusaHeads
+from eagle2.tree import DraftTree
+
+
+def choice_paths(choices) -> list[tuple[int, ...]]:
+    """Distinct paths sorted by (depth, ranks): parents first, siblings contiguous and best-first;
+    every path's parent path must be present."""
+    paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
+    if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+        raise ValueError("method.choices must be non-empty paths of non-negative ranks")
+    present = set(paths)
+    missing = [list(p) for p in paths if len(p) > 1 and p[:-1] not in present]
+    if missing:
+        raise ValueError(f"method.choices has paths whose parent path is absent: {missing}")
+    return paths
+
+
+class MedusaDrafter:
+    needs_hidden = True
+
+    def __init__(self, heads: MedusaHeads, device, *, choices, lm_head_dtype: torch.dtype | None = None):
+        self.heads, self.device = heads, device
+        self.paths = choice_paths(choices)
+        index = {p: i for i, p in enumerate(self.paths)}
+        self.parent = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in self.paths])
+        self.depth = torch.tensor([len(p) for p in self.paths])
+        self.rank = torch.tensor([p[-1] for p in self.paths])
+        self.num_heads = int(self.depth.max())
+        if self.num_heads > len(heads):
+            raise ValueError(f"method.choices is {self.num_heads} deep but the Medusa heads are {len(heads)}")
+        self.top_k = int(self.rank.max()) + 1
+        self.lm_heads = [heads.lm_head(k) if heads.own_lm_head else drafting_lm_head(heads.lm_head(k), lm_head_dtype)
+                         for k in range(self.num_heads)]
+        self.forward_time = 0.0
+
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.hidden = prompt_hidden[-1]
+
+    def observe(self, new_tokens, hidden) -> None:
+        self.hidden = hidden[-1]
+
+    def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(depth, top_k) token ids and log-probabilities of the top choices of each head, best first."""
+        t0 = device_clock(self.device)
+        feats = self.heads.features(self.hidden.to(next(self.heads.parameters()).dtype), self.num_heads)
+        logits = torch.stack([lm(f.to(lm.weight.dtype)) for lm, f in zip(self.lm_heads, feats)]).float()
+        top = torch.topk(torch.log_softmax(logits, dim=-1), self.top_k, dim=-1)
+        self.forward_time += device_clock(self.device) - t0
+        return top.indices.cpu(), top.values.cpu()
+
+    def propose(self, root: int, room: int) -> DraftTree:
+        tokens, log_probs = self.candidates()
+        node_tokens = tokens[self.depth - 1, self.rank]
+        log_conf = log_probs[self.depth - 1, self.rank]
+        keep = torch.arange(min(len(self.paths), max(room - 1, 0)))
+        return tree_from_drafted(root, node_tokens, self.parent, self.depth, self.rank, log_conf,
+                                 path_log_values(self.parent, log_conf), keep)
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> MedusaDrafter:
+    from eagle2.models import resolve_dtype
+
+    dtype = method_cfg.get("draft_lm_head_dtype")
+    return MedusaDrafter(weights["medusa_head"], target.device, choices=list(method_cfg.choices),
+                         lm_head_dtype=resolve_dtype(dtype) if dtype else None)
