@@ -47,7 +47,9 @@ TARGET_KEYS = ("name", "source", "hub_id", "dtype", "attn_implementation", "temp
 # hashed only when not null (added later: configs without them keep their hash)
 TARGET_KEYS_WHEN_SET = ("path",)
 DATASET_KEYS, DATASET_KEYS_WHEN_SET = ("name", "path"), ("hub",)
-METHOD_KEYS_WHEN_SET = ("draft_temperature",)
+METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram")
+# switches added later, hashed only when on (with the keys that only they read): off hashes as before
+METHOD_SWITCHES = {"lookup_branch": ("lookup_k", "lookup_max_ngram", "lookup_min_ngram")}
 
 HEARTBEAT_S = 30.0  # the lock holder refreshes the lock file's time this often
 STALE_AFTER_S = 300.0  # a lock not refreshed for this long is taken over, whatever its host
@@ -76,10 +78,14 @@ def _pick(section: dict, keys: tuple, keys_when_set: tuple) -> dict:
 
 def _method_settings(method: dict) -> dict:
     method = dict(method)
-    for where_not_what in ("profile_dir", "reprofile", *SPEC_KEYS):  # where the cost profile lives, not what is run
+    for where_not_what in ("profile_dir", "reprofile", "reference", *SPEC_KEYS):  # where things live, not what is run
         method.pop(where_not_what, None)
     if str(method.get("total_tokens")) != "auto":
         method.pop("max_total_tokens", None)  # only auto budgets read it (and older hashes stay valid)
+    for switch, its_keys in METHOD_SWITCHES.items():  # off = the old behaviour: older hashes stay valid
+        if not method.get(switch):
+            for key in (switch, *its_keys):
+                method.pop(key, None)
     for added_later in METHOD_KEYS_WHEN_SET:  # null = the default behaviour: older hashes stay valid
         if method.get(added_later) is None:
             method.pop(added_later, None)

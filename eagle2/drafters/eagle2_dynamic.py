@@ -7,6 +7,12 @@ Then every drafted node is reranked by V (ties: shallower first) and the best ``
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
 (``total_tokens=auto``) the number kept is chosen per round by ``eagle2.budget.best_budget``: the
 count that maximises expected tokens per second, at most ``max_total_tokens``.
+
+Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.lookup``:
+what followed the last n tokens earlier in the prompt or output) is merged into the tree within the
+same budget. Its leading tokens that the head also drafted reuse those nodes (deduplicated, kept
+whatever their value); the rest hang below as new nodes; the remaining budget goes to the best other
+nodes by V. Lookup nodes carry no head confidence (NaN in the records, ``lookup`` True).
 """
 
 from __future__ import annotations
@@ -15,17 +21,28 @@ import torch
 
 from eagle2.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, tree_from_drafted
+from eagle2.lookup import LookupSettings, find_chains
 from eagle2.tree import DraftTree
 
 
 class Eagle2Drafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
-                 profile: CostProfile | None = None, **drafting):
-        """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose."""
+                 profile: CostProfile | None = None, lookup: LookupSettings | None = None, **drafting):
+        """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose.
+        ``lookup``: merge a prompt-lookup chain into each tree (None: the plain EAGLE-2 tree)."""
         super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
         self.depth, self.top_k, self.total_tokens, self.profile = depth, top_k, total_tokens, profile
+        self.lookup = lookup
+
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        super().start(prompt_ids, first_token, prompt_hidden)
+        self.sequence = list(prompt_ids) + [first_token]  # what the lookup branch searches
+
+    def observe(self, new_tokens, hidden) -> None:
+        super().observe(new_tokens, hidden)
+        self.sequence.extend(new_tokens)
 
     def propose(self, root: int, room: int) -> DraftTree:
         budget = min(self.total_tokens, room - 1)
@@ -64,8 +81,50 @@ class Eagle2Drafter(HeadRunner):
             budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, self.depth)
             meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
         keep = order[:budget].sort().values
-        return tree_from_drafted(root, tokens, parents, depth, ranks, log_conf, log_value, keep, budget=budget,
+        if self.lookup is not None:
+            drafted, chains = tokens.shape[0], find_chains(self.sequence, self.lookup)
+            columns, keep = merge_chain(chains[0] if chains else [], (tokens, parents, depth, ranks, log_conf,
+                                                                     log_value), order, budget)
+            tokens, parents, depth, ranks, log_conf, log_value = columns
+            meta["lookup_nodes"] = tokens.shape[0] - drafted
+        tree = tree_from_drafted(root, tokens, parents, depth, ranks, log_conf, log_value, keep, budget=budget,
                                  **meta)
+        if self.lookup is not None:
+            tree.records["lookup"] = [i >= drafted for i in range(tokens.shape[0])]
+        return tree
+
+
+def merge_chain(chain: list[int], columns: tuple, order: torch.Tensor, budget: int):
+    """Merge a lookup chain into drafted nodes: ``columns`` = (tokens, parents, depth, ranks, log_conf,
+    log_value) of every drafted node (parents as drafted indices, -1 the root), ``order`` their ranking.
+    The chain's leading tokens that match drafted nodes (same parent, same token) reuse them; the rest
+    are appended as new nodes (rank -1, NaN confidence and value). Returns (the extended columns, the
+    kept drafted indices, ascending): the chain's nodes, then the best others by ``order``, ``budget``
+    in all; closed under parents since V never grows along a path."""
+    tokens, parents, depth, ranks, log_conf, log_value = columns
+    n = tokens.shape[0]
+    where = {(p, t): i for i, (p, t) in enumerate(zip(parents.tolist(), tokens.tolist()))}
+    forced, new_tokens, new_parents, new_depth = [], [], [], []
+    parent = -1
+    for token in chain[:budget]:
+        if not new_tokens and (parent, token) in where:
+            parent = where[parent, token]
+            forced.append(parent)
+            continue
+        new_tokens.append(token)
+        new_parents.append(parent)
+        new_depth.append(1 if parent < 0 else int(depth[parent]) + 1 if parent < n else new_depth[-1] + 1)
+        parent = n + len(new_tokens) - 1
+    taken = set(forced)
+    rest = [i for i in order.tolist() if i not in taken][: budget - len(forced) - len(new_tokens)]
+    keep = torch.tensor(sorted(forced + rest) + list(range(n, n + len(new_tokens))), dtype=torch.long)
+    m, nan = len(new_tokens), torch.full((len(new_tokens),), float("nan"))
+    columns = (torch.cat([tokens, torch.tensor(new_tokens, dtype=tokens.dtype)]),
+               torch.cat([parents, torch.tensor(new_parents, dtype=parents.dtype)]),
+               torch.cat([depth, torch.tensor(new_depth, dtype=depth.dtype)]),
+               torch.cat([ranks, torch.full((m,), -1, dtype=ranks.dtype)]),
+               torch.cat([log_conf, nan]), torch.cat([log_value, nan]))
+    return columns, keep
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:
@@ -80,5 +139,10 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
                               remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
     elif not str(total).isdigit():
         raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
+    lookup = None
+    if method_cfg.get("lookup_branch"):
+        from eagle2.drafters.pld import lookup_settings
+
+        lookup = lookup_settings(method_cfg, prefix="lookup_", default_k=depth)
     return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
-                         total_tokens=int(total), profile=profile, **drafting)
+                         total_tokens=int(total), profile=profile, lookup=lookup, **drafting)
