@@ -1,13 +1,23 @@
 """Reading weight files safely and checking them strictly: shared by the EAGLE-head and SpS-draft
-loaders. Never runs pickled code (safetensors, or ``torch.load(weights_only=True)``)."""
+loaders. Never runs pickled code (safetensors, or ``torch.load(weights_only=True)``).
+
+Published checkpoints come in a few harmless variants that are accepted as they are: fp16 (or any
+float dtype; the loaders cast), ``pytorch_model.bin`` instead of ``model.safetensors``, and rotary
+``inv_freq`` buffers that older transformers saved with the weights (recomputed from the config, so
+they are dropped with a note). Anything else missing, extra or mis-shaped is refused by name.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
+log = logging.getLogger(__name__)
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+ROTARY_BUFFER = "rotary_emb.inv_freq"  # saved by transformers < 4.3x; computed from the config today
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -20,6 +30,17 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     if pt.is_file():
         return torch.load(pt, map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+
+
+def drop_rotary_buffers(what: str, state: dict[str, torch.Tensor]) -> list[str]:
+    """Remove saved rotary ``inv_freq`` buffers from ``state`` (with a note); return their names."""
+    dropped = sorted(k for k in state if k.endswith(ROTARY_BUFFER))
+    for key in dropped:
+        del state[key]
+    if dropped:
+        log.info("%s: ignoring %d saved rotary buffer(s) (%s): recomputed from the config", what, len(dropped),
+                 dropped[0] if len(dropped) == 1 else f"{dropped[0]} ... {dropped[-1]}")
+    return dropped
 
 
 def check_state(what: str, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],

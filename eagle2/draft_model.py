@@ -9,7 +9,10 @@ Storage format (a local folder): ``config.json`` (a LlamaConfig, with an ``"eagl
 marking the shared embedding) and ``model.safetensors`` with every key of the model except
 ``model.embed_tokens.weight`` and ``lm_head.weight``. Loading checks keys and shapes strictly and never
 runs pickled code. A location that is not such a folder is an ordinary causal-LM checkpoint (a hub id
-such as ``double7/vicuna-68m``, or a local copy of one) and is loaded with its own embedding.
+such as ``double7/vicuna-68m``, or a local copy of one: ``config.json`` + ``model.safetensors`` or an
+fp16/fp32 ``pytorch_model.bin``) and is loaded with its own embedding, as strictly: every weight of
+the architecture its config names must be there with its shape, nothing else may be (saved rotary
+``inv_freq`` buffers are dropped with a note; ``lm_head.weight`` may be absent when the config ties it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+from eagle2.checkpoint import WEIGHT_FILES, check_state, drop_rotary_buffers, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -119,19 +122,51 @@ def _load_shared_format(folder: Path, target) -> LlamaForCausalLM:
     return draft
 
 
+def _checkpoint_folder(location: str) -> Path:
+    """A local folder, or the hub snapshot of a causal-LM id (config and weights only)."""
+    folder = Path(location)
+    if folder.is_dir():
+        return folder
+    from huggingface_hub import snapshot_download
+
+    from eagle2.models import ModelUnavailableError
+
+    try:
+        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
+        raise ModelUnavailableError(
+            f"cannot load SpS draft {location!r}: not a local folder and the hub is unreachable "
+            f"({type(exc).__name__}); download it and pass model.sps_draft=/local/dir") from None
+
+
+def _load_full_checkpoint(folder: Path, target):
+    """An ordinary causal-LM checkpoint with its own embedding and LM head, checked key by key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    what = f"SpS draft {folder}"
+    raw = json.loads((folder / "config.json").read_text())
+    config = AutoConfig.from_pretrained(folder) if "model_type" in raw else LlamaConfig(**raw)  # Llama if unsaid
+    config._attn_implementation = getattr(target.config, "_attn_implementation", None) or "sdpa"
+    draft = AutoModelForCausalLM.from_config(config)
+    state = read_weights(folder)
+    drop_rotary_buffers(what, state)
+    expected = draft.state_dict()
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    check_state(what, state, expected, optional={"lm_head.weight"} if tied else set())
+    draft.load_state_dict(state, strict=not tied)
+    if tied:
+        draft.tie_weights()
+    if config.vocab_size != target.config.vocab_size:
+        log.warning("SpS draft %s has vocab_size %d, the target %d", folder, config.vocab_size,
+                    target.config.vocab_size)
+    return draft
+
+
 def load_draft_model(location: str | Path, target):
     """Load an SpS draft: our shared-embedding folder, else an ordinary causal-LM checkpoint."""
-    folder = Path(location)
-    if folder.is_dir() and _is_shared_format(folder):
+    folder = _checkpoint_folder(str(location))
+    if _is_shared_format(folder):
         draft = _load_shared_format(folder, target)
     else:
-        from transformers import AutoModelForCausalLM
-
-        from eagle2.models import load_pretrained
-
-        draft = load_pretrained(AutoModelForCausalLM, str(location), config_key="model.sps_draft",
-                                dtype=target.dtype)
-        if draft.config.vocab_size != target.config.vocab_size:
-            log.warning("SpS draft %s has vocab_size %d, the target %d", location,
-                        draft.config.vocab_size, target.config.vocab_size)
+        draft = _load_full_checkpoint(folder, target)
     return draft.to(target.device, target.dtype).eval()

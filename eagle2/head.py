@@ -11,7 +11,10 @@ Checkpoint format (a folder, local or a hub id): ``config.json`` = a LlamaConfig
 ``model.safetensors`` or ``pytorch_model.bin`` with keys ``fc.weight`` [h, 2h], ``fc.bias`` [h],
 ``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
 ``layers.0.post_attention_layernorm.weight`` and optionally ``embed_tokens.weight`` (the target's
-embedding is used when absent). Loading is strict, never runs pickled code, and names a bad key.
+embedding is used when absent). Loading is strict, never runs pickled code, and names a bad key. The
+authors' published EAGLE-1/2 heads load as they are: fp16 ``pytorch_model.bin`` with
+``embed_tokens.weight``, a ``config.json`` without ``rope_theta`` (their code then uses 10000), without
+``model_type`` or ``bias`` (true), and saved ``rotary_emb.inv_freq`` buffers (dropped with a note).
 Our one extension is optional: ``draft_vocab.safetensors`` (``token_ids``: the target's tokens ordered
 by frequency in the head's training answers), for drafting over a reduced vocabulary.
 """
@@ -27,7 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from eagle2.cache import cache_kwargs
-from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+from eagle2.checkpoint import WEIGHT_FILES, check_state, drop_rotary_buffers, read_weights
 from eagle2.tree import additive_mask
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
@@ -92,8 +95,10 @@ def head_config_from_target(target_config, num_layers: int = 1) -> LlamaConfig:
 def _read_config(folder: Path) -> tuple[LlamaConfig, bool]:
     raw = json.loads((folder / "config.json").read_text())
     bias = bool(raw.pop("bias", True))
-    if "rope_theta" not in raw and "rope_parameters" not in raw and "rope_scaling" not in raw:
-        raw["rope_theta"] = 10000.0  # the authors' code defaults to this
+    if "rope_theta" not in raw and not raw.get("rope_parameters") and not raw.get("rope_scaling"):
+        raw["rope_theta"] = 10000.0  # the authors' code defaults to this (their configs say "rope_scaling": null)
+    if "rope_scaling" in raw and raw["rope_scaling"] is None:
+        del raw["rope_scaling"]  # null: no scaling
     raw.setdefault("model_type", "llama")
     return LlamaConfig(**raw), bias
 
@@ -117,14 +122,22 @@ def _local_folder(location: str) -> Path:
 def load_head(location: str | Path, target) -> EagleHead:
     """Load a head in the published format, strictly, on the target's device and dtype."""
     folder = _local_folder(str(location))
+    what = f"EAGLE head {folder}"
     config, bias = _read_config(folder)
+    if config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"{what}: hidden_size {config.hidden_size} does not match the target's "
+                         f"{target.config.hidden_size}")
     config._attn_implementation = getattr(target.config, "_attn_implementation", "sdpa")
     head = EagleHead(config, bias=bias)
     state = read_weights(folder)
+    drop_rotary_buffers(what, state)
     embed = state.pop("embed_tokens.weight", None)
     expected = head.state_dict()
-    check_state(f"EAGLE head {folder}", state, expected, optional={k for k in expected if "rotary" in k})
-    head.load_state_dict(state, strict=False)  # rotary buffers are computed, not stored
+    if embed is not None:
+        check_state(what, {"embed_tokens.weight": embed},
+                    {"embed_tokens.weight": torch.empty(config.vocab_size, config.hidden_size, device="meta")})
+    check_state(what, state, expected)
+    head.load_state_dict(state)  # checked above: exactly the expected keys and shapes
     if embed is not None:
         own = nn.Embedding(*embed.shape)
         own.weight.data.copy_(embed)

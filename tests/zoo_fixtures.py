@@ -1,0 +1,157 @@
+"""Random checkpoints written the way the real ones are published, for the zoo smoke tests and the
+head-format tests: targets with a GPU model config's shapes (``eagle2.shapes``) and a byte-level
+tokenizer with that family's vocabulary size and special tokens, EAGLE-1/2 heads in the authors'
+format and variants, SpS drafts as full causal-LM checkpoints (like ``double7/vicuna-68m``).
+
+``WEIGHT_WRITERS`` maps a drafter-weight kind (a model-config key that a ``conf/method`` YAML lists
+under ``weights``) to its random-checkpoint writer ``(folder, target_config, seed) -> folder``. A method
+whose weight kind has no writer here is skipped by the zoo test with that reason: add the writer here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle2.shapes import random_llama
+
+# special tokens at their real ids, per vocabulary size (the Llama-2 and Llama-3 tokenizers)
+SPECIAL_TOKENS = {
+    32000: {"<unk>": 0, "<s>": 1, "</s>": 2},
+    128256: {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|start_header_id|>": 128006,
+             "<|end_header_id|>": 128007, "<|eot_id|>": 128009},
+}
+VICUNA_68M = {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_key_value_heads": 12,
+              "num_hidden_layers": 2}  # double7/vicuna-68m's config.json
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> Path:
+    """A byte-level BPE tokenizer (no merges: one token per byte) with ``vocab_size`` entries, the
+    family's special tokens at their real ids, and BOS added the way that family adds it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    specials = SPECIAL_TOKENS[vocab_size]
+    alphabet = sorted(ByteLevel.alphabet())
+    free = [i for i in range(vocab_size) if i not in specials.values()]
+    vocab = {ch: free[i] for i, ch in enumerate(alphabet)}
+    vocab.update({f"<filler{i}>": i for i in free[len(alphabet):]})
+    vocab.update(specials)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(specials))
+    bos, eos = (("<s>", "</s>") if vocab_size == 32000 else ("<|begin_of_text|>", "<|eot_id|>"))
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials[bos])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   unk_token="<unk>" if "<unk>" in specials else None)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def write_target(folder: Path, config: LlamaConfig, seed: int = 0) -> Path:
+    """A random target (fp16 safetensors, as the hub checkpoints are) and its tokenizer."""
+    model = random_llama(config, seed=seed)
+    model.to(torch.float16).save_pretrained(folder)
+    write_tokenizer(folder, config.vocab_size)
+    return folder
+
+
+def _random(shape, generator, std: float = 0.02) -> torch.Tensor:
+    return (torch.rand(shape, generator=generator) * 2 - 1) * (std * 3**0.5)
+
+
+def published_head_config(target_config: LlamaConfig, *, rope_theta: bool | None = None, model_type: bool = True,
+                          bias: bool | None = None) -> dict:
+    """A head ``config.json`` as the authors publish it (their Vicuna/LLaMA2 configs: no ``rope_theta``,
+    ``"rope_scaling": null``; their LLaMA3 ones: ``rope_theta`` and ``"bias": false``). ``rope_theta``
+    None = as the authors do for this target (only when it is not 10000)."""
+    t = target_config
+    theta = t.rope_parameters["rope_theta"]
+    cfg = {"architectures": ["LlamaForCausalLM"], "bos_token_id": t.bos_token_id, "eos_token_id": t.eos_token_id,
+           "hidden_act": "silu", "hidden_size": t.hidden_size, "initializer_range": 0.02,
+           "intermediate_size": t.intermediate_size, "max_position_embeddings": t.max_position_embeddings,
+           "model_type": "llama", "num_attention_heads": t.num_attention_heads,
+           "num_key_value_heads": t.num_key_value_heads, "num_hidden_layers": 1, "pretraining_tp": 1,
+           "rms_norm_eps": t.rms_norm_eps, "rope_scaling": None, "tie_word_embeddings": False,
+           "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True, "vocab_size": t.vocab_size}
+    if rope_theta or (rope_theta is None and theta != 10000.0):
+        cfg["rope_theta"] = theta
+    if not model_type:
+        del cfg["model_type"]
+    if bias is not None:
+        cfg["bias"] = bias
+    return cfg
+
+
+def published_head_weights(target_config: LlamaConfig, *, bias: bool = True, embed: bool = True,
+                           inv_freq: bool = False, seed: int = 1, dtype=torch.float16) -> dict[str, torch.Tensor]:
+    """Every tensor of an EAGLE-1/2 head at the target's width, as the authors' ``Model`` saves them."""
+    from eagle2.head import EagleHead, head_config_from_target
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in EagleHead(head_config_from_target(target_config), bias=bias)
+                  .state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    weights = {k: (torch.ones(s) if k.endswith("layernorm.weight") else _random(s, gen)) for k, s in shapes.items()}
+    if embed:
+        weights["embed_tokens.weight"] = _random((target_config.vocab_size, target_config.hidden_size), gen)
+    if inv_freq:
+        head_dim = target_config.hidden_size // target_config.num_attention_heads
+        weights["layers.0.self_attn.rotary_emb.inv_freq"] = 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim)
+    return {k: v.to(dtype) if k != "layers.0.self_attn.rotary_emb.inv_freq" else v for k, v in weights.items()}
+
+
+def save_weights(folder: Path, weights: dict[str, torch.Tensor], fmt: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    else:
+        torch.save(weights, folder / "pytorch_model.bin")
+
+
+def write_published_head(folder: Path, target_config: LlamaConfig, seed: int = 1, *, fmt: str = "bin",
+                         embed: bool = True, inv_freq: bool = False, rope_theta: bool | None = None,
+                         model_type: bool = True, bias: bool | None = None, dtype=torch.float16) -> Path:
+    """An EAGLE-1/2 head as the authors publish it: fp16 ``pytorch_model.bin`` with ``embed_tokens.weight``
+    and their ``config.json`` (options write the other variants)."""
+    save_weights(folder, published_head_weights(target_config, bias=bias is not False, embed=embed,
+                                                inv_freq=inv_freq, seed=seed, dtype=dtype), fmt)
+    config = published_head_config(target_config, rope_theta=rope_theta, model_type=model_type, bias=bias)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def write_full_draft(folder: Path, target_config: LlamaConfig, seed: int = 2, *, fmt: str = "bin",
+                     inv_freq: bool = False, dtype=torch.float32, shape: dict | None = None) -> Path:
+    """An SpS draft as a full ``LlamaForCausalLM`` checkpoint with the target's vocabulary (default:
+    ``double7/vicuna-68m``'s shape), optionally with saved rotary buffers as older transformers wrote."""
+    config = LlamaConfig(**{**VICUNA_68M, **(shape or {}), "vocab_size": target_config.vocab_size,
+                            "max_position_embeddings": target_config.max_position_embeddings,
+                            "bos_token_id": target_config.bos_token_id, "eos_token_id": target_config.eos_token_id,
+                            "tie_word_embeddings": False})
+    state = random_llama(config, seed=seed).state_dict()
+    if inv_freq:
+        head_dim = config.hidden_size // config.num_attention_heads
+        for i in range(config.num_hidden_layers):
+            state[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = 1.0 / 10000 ** (
+                torch.arange(0, head_dim, 2) / head_dim)
+    save_weights(folder, {k: v.to(dtype) if "inv_freq" not in k else v for k, v in state.items()}, fmt)
+    (folder / "config.json").write_text(config.to_json_string())
+    return folder
+
+
+WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder
+    "head": write_published_head,
+    "sps_draft": write_full_draft,
+}
+
+
+def full_draft_keys(config: LlamaConfig) -> set[str]:
+    with torch.device("meta"):
+        return set(LlamaForCausalLM(config).state_dict())
