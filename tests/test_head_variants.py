@@ -146,9 +146,8 @@ def test_authors_head_decodes_like_plain_on_smollm2(tmp_path, smollm2):
     ``pytorch_model.bin`` with ``embed_tokens.weight``, config without ``rope_theta``) loads with
     ``model.head=DIR`` for SmolLM2 and EAGLE-2 decodes token-identically to plain in fp32 (the static
     tree with such heads: tests/test_zoo.py)."""
-    from tests.test_runner import config
-
     from eagle2.runner import run
+    from tests.test_runner import config
 
     head = write_published_head(tmp_path / "head", smollm2[0].config, rope_theta=False)  # as for Vicuna
     assert "rope_theta" not in json.loads((head / "config.json").read_text())
