@@ -20,7 +20,10 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),
     "wall_time_s": NUMBER, "prefill_time_s": NUMBER, "tokens_per_s": OPTIONAL_NUMBER, "tau": OPTIONAL_NUMBER,
     "rounds": (dict,),  # per-round facts, column-wise: eagle2.engine.RoundStats fields + drafter facts
-    "peak_memory_mb": OPTIONAL_NUMBER, "method_config": (dict,), "timestamp": NUMBER,
+    "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
+    "method_config": (dict,),
+    "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
+    "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",
                      "config_hash", "status", "error", "timestamp")

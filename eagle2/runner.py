@@ -101,6 +101,28 @@ def _row_generator(seed: int, question_id, turn: int, device) -> torch.Generator
     return gen
 
 
+def _reset_peak_memory(device) -> None:
+    """Start this config's peak-memory count (a sweep runs many configs in one process)."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _free_after_oom(device) -> None:
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def authors_budget(method_cfg) -> dict:
+    """This method's tree budget as the EAGLE authors' code counts it (their ``total_token`` counts the
+    root, their ``depth`` the expansions after the first layer: ours (8, 3, 4) = their (9, 2, 4); ``auto``
+    is their -1); empty for methods without a (total_tokens, depth, top_k) budget."""
+    if not all(method_cfg.get(k) is not None for k in ("total_tokens", "depth", "top_k")):
+        return {}
+    total = method_cfg.total_tokens
+    return {"total_token": -1 if str(total) == "auto" else int(total) + 1, "depth": int(method_cfg.depth) - 1,
+            "top_k": int(method_cfg.top_k)}
+
+
 def _peak_memory_mb(device) -> float | None:
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -130,7 +152,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
         "accept_lengths": out.accept_lengths, "output_ids": out.output_ids,
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
-        "method_config": OmegaConf.to_container(cfg.method, resolve=True), "timestamp": time.time(),
+        "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
+        "timestamp": time.time(),
     })
 
 
@@ -192,6 +215,7 @@ def run(cfg: DictConfig) -> dict:
 def _decode_all(cfg, chash, store, questions) -> None:
     from eagle2.logger import make_logger
 
+    _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)
     weights = load_drafter_weights(cfg, target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
@@ -222,7 +246,9 @@ def _decode_all(cfg, chash, store, questions) -> None:
                                                  cfg.model.system_prompt)
                     prompt = fit_prompt(prompt, cfg, context)
                     out = decode(prompt, _row_generator(cfg.seed, q["question_id"], turn, target.device))
-                except (ContextOverflowError, RuntimeError) as exc:
+                except (ContextOverflowError, RuntimeError) as exc:  # RuntimeError includes CUDA out of memory
+                    if isinstance(exc, torch.OutOfMemoryError):
+                        _free_after_oom(cfg.model.device)
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer

@@ -4,12 +4,11 @@ their outputs: equal in fp32, audited (``eagle2.identity``) in half precision.""
 
 from __future__ import annotations
 
-import time
-
 from omegaconf import OmegaConf
 
 from eagle2.chat import encode_conversation
 from eagle2.data import benchmark_file, load_questions
+from eagle2.engine import device_clock
 from eagle2.identity import classify, reference_dtype, reference_logits
 from eagle2.models import dtype_name, load_target
 
@@ -34,17 +33,18 @@ def smollm2_with_prompts(n_prompts: int, dtype: str = "float32"):
     return model, tok, prompts
 
 
-def alternating_rates(decoders: dict, prompts: list[list[int]], reps: int) -> list[dict[str, float]]:
+def alternating_rates(decoders: dict, prompts: list[list[int]], reps: int, device="cpu") -> list[dict[str, float]]:
     """Tokens/s of each decoder (name -> prompt -> output ids) per repetition; the order flips every
-    repetition so that neither side always runs on a warmer machine. Prints one line per repetition."""
+    repetition so that neither side always runs on a warmer machine. Prints one line per repetition.
+    ``device``: where the decoders run (the clock waits for its queued work)."""
     names = list(decoders)
     rates = []
     for rep in range(reps):
         rate = {}
         for name in names if rep % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
+            start = device_clock(device)
             tokens = sum(len(decoders[name](p)) for p in prompts)
-            rate[name] = tokens / (time.perf_counter() - start)
+            rate[name] = tokens / (device_clock(device) - start)
         first, second = names
         print(f"rep {rep}: {first} {rate[first]:.2f} tok/s, {second} {rate[second]:.2f} tok/s, "
               f"ratio {rate[first] / rate[second]:.3f}", flush=True)
