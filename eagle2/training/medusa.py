@@ -1,0 +1,226 @@
+"""Training and evaluating Medusa-1 heads (``eagle2.medusa``) on a self-distillation corpus.
+
+Loss (Medusa-1, self-distilled): head k reads the target's post-norm feature ``f[t]`` and is fitted to
+the target's own next-token distribution at position t+k+1, ``softmax(lm_head(f[t+k+1]))`` (the
+distribution the token t+k+2 is drawn from; on greedy answers its argmax is that token), by a soft
+cross-entropy weighted ``decay ** k`` (the paper's 0.8^k). Only positions whose predicted token is an
+answer token count (the prompt's last feature included: the first round drafts from it). The target is
+frozen; with a shared LM head only the residual blocks train. Data loading and the optimisation loop
+are the EAGLE head's (``training.data``, ``training.loop``).
+
+Evaluation on held-out sequences (teacher forcing is exact for Medusa: drafting reads the true
+features): per head, the rank of the target's greedy token among the head's choices; from the rank
+prefixes, ``P(node on the true path)`` for every tree node, hence a tree's expected accepted length
+(the sum over its nodes) and the best tree of each size (the most probable prefixes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from eagle2.medusa import MedusaHeads
+from eagle2.training.data import Sequence, train_val_sequences
+from eagle2.training.loop import fit
+from eagle2.training.losses import LossProjection, soft_cross_entropy
+
+MAX_RANK = 10  # ranks counted per head (the authors' TOPK)
+
+
+def new_medusa_heads(target, num_heads: int, num_layers: int = 1, own_lm_head: bool = False) -> MedusaHeads:
+    """Fresh fp32 heads: residual blocks at the identity (zero weight); own LM heads copy the target's."""
+    lm = target.get_output_embeddings()
+    heads = MedusaHeads(num_heads, num_layers, target.config.hidden_size,
+                        lm.weight.shape[0] if own_lm_head else None)
+    if own_lm_head:
+        with torch.no_grad():
+            for k in range(num_heads):
+                heads.lm_head(k).weight.copy_(lm.weight)
+    else:
+        heads.attach_lm_head(lm)
+    return heads.to(target.device, torch.float32)
+
+
+def medusa_targets(length: int, start: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, length-k-1) bool: positions t that drafting reads (the prompt's last one onwards, t + 1 >=
+    start) and whose head-k target f[t+k+1] exists."""
+    t = torch.arange(length - k - 1, device=valid.device)
+    return valid[:, k + 1:] & (t[None] + 1 >= start[:, None])
+
+
+def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay: float = 0.8,
+                generator=None, train: bool = True, with_stats: bool = True):
+    """Weighted soft cross-entropy of every head; returns (loss, stats) with ``top1_h{k}`` per head."""
+    feats, valid, start = batch["features"], batch["valid"], batch["start"]
+    length = feats.shape[1]
+    out = heads.features(feats)  # (K, B, L, H)
+    total, stats = None, {}
+    for k in range(len(heads)):
+        sel = medusa_targets(length, start, valid, k)
+        if k == 0:
+            stats["n"] = int(sel.sum())
+        if not sel.any():
+            continue
+        x, y = out[k][:, : length - k - 1][sel], feats[:, k + 1:][sel]
+        topk = (1 if train else 4) if with_stats else 0
+        if heads.own_lm_head:
+            ce, k_stats = _own_head_cross_entropy(heads.lm_head(k), x, y, proj, topk)
+        else:
+            ce, k_stats = soft_cross_entropy(x, y, proj, topk=topk)
+        total = ce * decay**k if total is None else total + ce * decay**k
+        stats[f"ce_h{k}"] = ce.item()
+        for name in ("top1", "top4"):
+            if name in k_stats:
+                stats[f"{name}_h{k}"] = k_stats[name]
+    if total is None:
+        return out.sum() * 0.0, {"loss": 0.0, "n": 0}
+    stats["loss"] = total.item()
+    return total, stats
+
+
+def _own_head_cross_entropy(lm_head, x, y, proj: LossProjection, topk: int):
+    """Soft cross-entropy of a head's own LM head against the target's distribution (plain autograd)."""
+    logp = torch.log_softmax(lm_head(x).float(), -1)
+    zq = proj(y)
+    ce = -(torch.softmax(zq, -1) * logp).sum(-1).mean()
+    stats = {}
+    if topk:
+        want = zq.argmax(-1)
+        stats["top1"] = float((logp.argmax(-1) == want).float().mean())
+        if topk > 1:
+            stats[f"top{topk}"] = float((logp.topk(topk, -1).indices == want[:, None]).any(-1).float().mean())
+    return ce, stats
+
+
+def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs) -> tuple[MedusaHeads, dict]:
+    """Train Medusa heads on ``corpus_dir`` with the settings of ``train.medusa``."""
+    from eagle2.models import resolve_dtype
+
+    torch.manual_seed(cfg.seed)
+    target.requires_grad_(False)
+    train_seqs, val_seqs = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
+    heads = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head)
+    proj = LossProjection(target.get_output_embeddings(), resolve_dtype(cfg.loss_dtype))
+    extra = {"num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "own_lm_head": cfg.own_lm_head,
+             "decay": cfg.decay}
+    summary = fit(heads, partial(medusa_loss, proj=proj, decay=cfg.decay), train_seqs, val_seqs, cfg, out_dir,
+                  desc="medusa", fingerprint_extra=extra, **kwargs)
+    summary.update(train_sequences=len(train_seqs), val_sequences=len(val_seqs),
+                   train_answer_tokens=sum(len(s.tokens) - s.start for s in train_seqs))
+    return heads.eval(), summary
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+@torch.no_grad()
+def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int = MAX_RANK) -> torch.Tensor:
+    """(A, K) rank (0 = top-1; ``max_rank`` = not in the top ``max_rank``) of the target's greedy token
+    t+k+2 among head k's choices at f[t], for the anchors t (from the prompt's last position) where
+    every head's target exists."""
+    k_heads = len(heads)
+    n = len(seq.tokens)
+    first, last = max(seq.start - 1, 0), n - k_heads  # anchors t in [first, last): t + K <= n - 1
+    if last <= first:
+        return torch.zeros(0, k_heads, dtype=torch.long)
+    device = next(heads.parameters()).device
+    dtype = next(heads.parameters()).dtype
+    feats = seq.features.to(device, dtype)
+    anchors = torch.arange(first, last, device=device)
+    want = target_lm_head(feats).argmax(-1)  # (n,) greedy token after each position
+    out = heads(feats[anchors])  # (K, A, V)
+    ranks = []
+    for k in range(k_heads):
+        w = want[anchors + k + 1]
+        ranks.append((out[k] > out[k].gather(-1, w[:, None])).sum(-1).clamp_max(max_rank))
+    return torch.stack(ranks, dim=1).cpu()
+
+
+def rank_statistics(heads: MedusaHeads, target, seqs: list[Sequence], max_rank: int = MAX_RANK) -> dict:
+    """Per-head top-1/4/10 and the count of every rank prefix (a tree node) that the true path takes."""
+    lm = target.get_output_embeddings()
+    lm32 = torch.nn.Linear(lm.weight.shape[1], lm.weight.shape[0], bias=False).to(lm.weight.device)
+    lm32.weight.data.copy_(lm.weight.float())
+    all_ranks = torch.cat([true_ranks(heads, lm32, s, max_rank) for s in seqs])  # (A, K)
+    anchors = len(all_ranks)
+    prefixes: Counter = Counter()
+    for row in all_ranks.tolist():
+        for d in range(len(row)):
+            if row[d] >= max_rank:
+                break
+            prefixes[tuple(row[: d + 1])] += 1
+    per_head = {f"h{k}": {f"top{r}": float((all_ranks[:, k] < r).float().mean()) if anchors else 0.0
+                          for r in (1, 4, 10)} for k in range(all_ranks.shape[1])}
+    return {"anchors": anchors, "per_head": per_head, "prefix_counts": prefixes}
+
+
+def tree_accept_length(prefix_counts: Counter, anchors: int, choices) -> float:
+    """Expected accepted drafts per round of the tree ``choices``: the sum of its nodes' P(on the path)."""
+    return sum(prefix_counts.get(tuple(p), 0) for p in {tuple(p) for p in choices}) / max(anchors, 1)
+
+
+def best_tree(prefix_counts: Counter, size: int) -> list[list[int]]:
+    """The ``size`` nodes most often on the true path (closed under parents: a node is never more often
+    on it than its parent; ties go to the shallower, lower-ranked node)."""
+    ranked = sorted(prefix_counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
+    return sorted((list(p) for p, _ in ranked[:size]), key=lambda p: (len(p), p))
+
+
+def evaluate_medusa(heads: MedusaHeads, target, seqs: list[Sequence], trees: dict, sizes=(1, 2, 3, 4, 6, 8)) -> dict:
+    """Per-head agreement, the expected tau (1 + accepted drafts) of the named ``trees`` and of the best
+    tree of each size, on held-out ``seqs``."""
+    stats = rank_statistics(heads, target, seqs)
+    counts, anchors = stats["prefix_counts"], stats["anchors"]
+    best = {n: best_tree(counts, n) for n in sizes}
+    return {"sequences": len(seqs), "anchors": anchors, "per_head": stats["per_head"],
+            "tau": {name: 1 + tree_accept_length(counts, anchors, t) for name, t in trees.items()},
+            "best_trees": {str(n): {"choices": t, "tau": 1 + tree_accept_length(counts, anchors, t)}
+                           for n, t in best.items()}}
+
+
+# ------------------------------------------------------------------------------ the stage
+
+def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
+    """``train_head.py stage=medusa``: train (resuming), export to ``train.medusa.export``, and write
+    ``eval.json`` (MT-bench first turns and the corpus's held-out shards) and ``training.json``."""
+    from omegaconf import OmegaConf
+
+    from eagle2.medusa import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
+    from eagle2.training.data import load_sequences, split_shards
+    from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
+
+    mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
+    t0 = time.time()
+    heads, summary = train_medusa(target, corpus_dir, mc, root / mc.out_dir, stop_after=mc.stop_after)
+    if summary["stopped"]:
+        return None
+    summary["wall_time_s_this_process"] = time.time() - t0
+    dtype = torch.float32 if sum(p.numel() for p in heads.parameters()) * 4 <= mc.export_max_mb * 1e6 else torch.float16
+    folder = save_medusa_heads(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
+    info = {"kind": "medusa", "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
+            "corpus_shards": len(list(corpus_dir.glob("shard_*.safetensors"))),
+            "recipe": OmegaConf.to_container(mc), "stored_dtype": str(dtype).replace("torch.", ""), "summary": summary}
+    (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
+    ev = cfg.train.eval.mtbench
+    mt_dir = build_mtbench_heldout(target, tokenizer, root / ev.out_dir, template=cfg.train.corpus.template,
+                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=ev.max_new_tokens,
+                                   batch_size=ev.batch_size, limit=ev.limit, stop_tokens=cfg.train.corpus.stop_tokens)
+    from eagle2.training.data import all_sequences
+
+    _, val_paths = split_shards(corpus_dir, mc.val_fraction)
+    loaded = load_medusa_heads(folder, target)
+    trees = {"model.medusa_choices": OmegaConf.to_container(cfg.model.medusa_choices),
+             "mc_sim_7b_63": MC_SIM_7B_63}
+    metrics = {"target": cfg.model.name, "artifact": str(folder)}
+    for name, seqs in {"mt_bench": all_sequences(mt_dir), "corpus_heldout": load_sequences(val_paths)}.items():
+        metrics[name] = evaluate_medusa(loaded, target, seqs, trees)
+        tops = " ".join(f"{k}={v['top1']:.3f}" for k, v in metrics[name]["per_head"].items())
+        print(f"[eval] medusa on {name}: top-1 {tops}; tau " +
+              " ".join(f"{k}={v:.3f}" for k, v in metrics[name]["tau"].items()), flush=True)
+    write_eval_json(folder, metrics)
+    return folder
