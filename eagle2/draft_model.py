@@ -147,15 +147,22 @@ def _load_full_checkpoint(folder: Path, target):
     raw = json.loads((folder / "config.json").read_text())
     config = AutoConfig.from_pretrained(folder) if "model_type" in raw else LlamaConfig(**raw)  # Llama if unsaid
     config._attn_implementation = getattr(target.config, "_attn_implementation", None) or "sdpa"
-    draft = AutoModelForCausalLM.from_config(config)
+    with torch.device("meta"):  # no random init: every weight comes from the file
+        draft = AutoModelForCausalLM.from_config(config)
     state = read_weights(folder)
     drop_rotary_buffers(what, state)
     expected = draft.state_dict()
     tied = bool(getattr(config, "tie_word_embeddings", False))
     check_state(what, state, expected, optional={"lm_head.weight"} if tied else set())
-    draft.load_state_dict(state, strict=not tied)
+    draft.load_state_dict(state, strict=not tied, assign=True)
     if tied:
         draft.tie_weights()
+    for module in draft.modules():  # rotary buffers are computed from the config, never stored
+        if any(b.is_meta for b in getattr(module, "rotary_emb", torch.nn.Module()).buffers()):
+            module.rotary_emb = type(module.rotary_emb)(config)
+    left = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"{what}: nothing in the checkpoint for {left}")
     if config.vocab_size != target.config.vocab_size:
         log.warning("SpS draft %s has vocab_size %d, the target %d", folder, config.vocab_size,
                     target.config.vocab_size)

@@ -128,7 +128,8 @@ def load_head(location: str | Path, target) -> EagleHead:
         raise ValueError(f"{what}: hidden_size {config.hidden_size} does not match the target's "
                          f"{target.config.hidden_size}")
     config._attn_implementation = getattr(target.config, "_attn_implementation", "sdpa")
-    head = EagleHead(config, bias=bias)
+    with torch.device("meta"):  # no random init (seconds at 7B width): every weight comes from the file
+        head = EagleHead(config, bias=bias)
     state = read_weights(folder)
     drop_rotary_buffers(what, state)
     embed = state.pop("embed_tokens.weight", None)
@@ -137,11 +138,10 @@ def load_head(location: str | Path, target) -> EagleHead:
         check_state(what, {"embed_tokens.weight": embed},
                     {"embed_tokens.weight": torch.empty(config.vocab_size, config.hidden_size, device="meta")})
     check_state(what, state, expected)
-    head.load_state_dict(state)  # checked above: exactly the expected keys and shapes
+    head.load_state_dict(state, assign=True)  # checked above: exactly the expected keys and shapes
+    head.rotary_emb = LlamaRotaryEmbedding(config)  # computed from the config, never stored
     if embed is not None:
-        own = nn.Embedding(*embed.shape)
-        own.weight.data.copy_(embed)
-        own.requires_grad_(False)
+        own = nn.Embedding.from_pretrained(embed, freeze=True)
         head.attach_embedding(own.to(target.device, target.dtype))
     else:
         head.attach_embedding(target.get_input_embeddings())
