@@ -22,6 +22,7 @@ import torch
 from eagle2.budget import CostProfile
 from eagle2.cache import crop, forward_target, new_cache
 from eagle2.engine import device_clock
+from eagle2.features import LayerTap
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
@@ -83,7 +84,10 @@ def measure_draft(target, head, drafting: dict, *, depth: int, top_k: int, conte
     device = target.device
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
-    hidden = forward_target(target, torch.tensor([prompt], device=device), new_cache(target))[0]
+    layers = getattr(head, "feature_layers", None)  # an EAGLE-3 head reads tapped layers
+    with LayerTap(target, layers or ()) as tap:
+        hidden = forward_target(target, torch.tensor([prompt], device=device), new_cache(target))
+        hidden = (tap.read() if layers else hidden)[0]
     out = []
     for d in range(1, depth + 1):
         drafter = Eagle2Drafter(head, target.lm_head, device, depth=d, top_k=top_k, total_tokens=1, **drafting)

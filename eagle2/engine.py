@@ -17,6 +17,7 @@ import torch
 
 from eagle2.accept import accept_greedy, accept_stochastic
 from eagle2.cache import forward_target, keep_tree_path, new_cache
+from eagle2.features import LayerTap
 from eagle2.sampling import SamplingParams, next_token, probabilities
 from eagle2.tree import DraftTree
 
@@ -78,19 +79,38 @@ def _record_nodes(store: dict[str, list], tree: DraftTree, round_idx: int, path:
     store.setdefault("accepted", []).extend([i in on_path for i in indices])
 
 
+def _feature_tap(target, drafter) -> LayerTap | None:
+    """A tap on the target layers whose inputs the drafter reads (EAGLE-3), if it names any."""
+    layers = getattr(drafter, "feature_layers", None) if drafter.needs_hidden else None
+    return LayerTap(target, layers) if layers else None
+
+
 @torch.no_grad()
 def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
              eos_ids: set[int], generator: torch.Generator | None = None, max_context: int | None = None
              ) -> GenerationOutput:
-    device = target.device
+    """Decode with ``drafter``. Its features (``needs_hidden``) are the target's last hidden states,
+    or the inputs of the target layers it names in ``feature_layers``, concatenated."""
     limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
     if len(prompt_ids) + 1 > limit:
         raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
+    tap = _feature_tap(target, drafter)
+    try:
+        return _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit, tap)
+    finally:
+        if tap is not None:
+            tap.close()
+
+
+def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit,
+            tap: LayerTap | None) -> GenerationOutput:
+    device = target.device
     cache = new_cache(target)
     start = device_clock(device)
     hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
     first = next_token(target.lm_head(hidden[0, -1]), params, generator)
-    drafter.start(prompt_ids, first, hidden[0] if drafter.needs_hidden else None)
+    feats = hidden if tap is None else tap.read()
+    drafter.start(prompt_ids, first, feats[0] if drafter.needs_hidden else None)
     decode_start = device_clock(device)
     out, root, prefix = [first], first, len(prompt_ids)
     accept_lengths, rounds, nodes = [], [], {}
@@ -110,7 +130,8 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
         kept = [0, *path]
         keep_tree_path(cache, prefix, kept)
         new = [int(tree.tokens[i]) for i in path] + [bonus]
-        drafter.observe(new, hidden[0, kept] if drafter.needs_hidden else None)
+        feats = hidden if tap is None else tap.read()
+        drafter.observe(new, feats[0, kept] if drafter.needs_hidden else None)
         out.extend(new)
         prefix, root = prefix + len(kept), bonus
         accept_lengths.append(len(new))

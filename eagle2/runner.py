@@ -69,8 +69,14 @@ def _load_medusa_head(location, target):
     return load_medusa_heads(location, target)
 
 
+def _load_eagle3_head(location, target):
+    from eagle2.eagle3_head import load_eagle3_head
+
+    return load_eagle3_head(location, target)
+
+
 WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
-                  "medusa_head": _load_medusa_head}  # model-config key -> loader
+                  "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head}  # model-config key -> loader
 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:

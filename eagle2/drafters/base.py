@@ -15,7 +15,9 @@ from eagle2.tree import DraftTree
 
 
 class Drafter(Protocol):
-    needs_hidden: bool  # whether it consumes the target's last hidden states (EAGLE does)
+    needs_hidden: bool  # whether it consumes target features (EAGLE does)
+    # optional ``feature_layers``: target layers whose inputs, concatenated, are its features (EAGLE-3);
+    # absent or None: the target's last hidden states after the final norm
     forward_time: float  # seconds spent in its own model forwards, device-synchronised (time breakdown)
 
     def start(self, prompt_ids: list[int], first_token: int, prompt_hidden: torch.Tensor | None) -> None:

@@ -69,14 +69,27 @@ def drafting_settings(method_cfg, head) -> dict:
 
 
 class HeadRunner:
+    """Runs a feature-level head: an EAGLE-1/2 head (``eagle2.head``: drafts through the target's LM
+    head, reads the target's last hidden states) or an EAGLE-3 head (``eagle2.eagle3_head``: drafts
+    through its own norm + LM head over its draft vocabulary, reads the inputs of the target layers it
+    names in ``feature_layers``, which the engine captures for it)."""
+
     needs_hidden = True
 
     def __init__(self, head, lm_head, device, lm_head_dtype: torch.dtype | None = None,
                  vocab: torch.Tensor | None = None):
         self.head, self.device = head, device
         self.dtype = next(head.parameters()).dtype
-        self.lm_head = drafting_lm_head(lm_head, lm_head_dtype, vocab)
-        self.vocab = None if vocab is None else vocab.to(device)
+        self.feature_layers = getattr(head, "feature_layers", None)  # None: the target's last hidden states
+        if hasattr(head, "drafting_lm_head"):  # a head with its own LM head and draft vocabulary
+            if vocab is not None:
+                log.warning("this head drafts over its own vocabulary: method.draft_vocab_size is ignored")
+            self.lm_head, vocab = head.drafting_lm_head(), head.draft_token_ids()
+            self.lm_head_dtype = self.dtype
+        else:
+            self.lm_head = drafting_lm_head(lm_head, lm_head_dtype, vocab)
+            self.lm_head_dtype = self.lm_head.weight.dtype
+        self.vocab = None if vocab is None else vocab.to(device)  # token id of each drafting logit
         self.forward_time = 0.0
 
     # -- committed context -------------------------------------------------------------------
@@ -122,7 +135,7 @@ class HeadRunner:
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the drafting vocabulary (the full one unless reduced)."""
         t0 = device_clock(self.device)
-        logits = self.lm_head(features.to(self.lm_head.weight.dtype)).float()
+        logits = self.lm_head(features.to(self.lm_head_dtype)).float()
         self.forward_time += device_clock(self.device) - t0
         return torch.log_softmax(logits, dim=-1)
 

@@ -1,19 +1,24 @@
 """Training corpus for draft heads and draft models: prompts, and the target's own answers.
 
-Prompts are the Alpaca instructions shipped in ``data/train`` (``input`` appended when present), minus
-every prompt whose text equals an evaluation question of the six benchmarks. Answers come from the
+Prompts come from the files shipped in ``data/train`` (Alpaca and Code Alpaca instructions with
+``input`` appended when present; GSM8K train questions), minus every prompt whose text equals an
+evaluation question of the six benchmarks. Answers come from the
 target itself (self-distillation; or, with ``answers``, the dataset's own answers read by the target
 under teacher forcing): batched decoding with left padding, greedy or sampled, recording
 the target's last hidden state (after its final norm, the tensor its LM head multiplies) at every
-position, which is exactly the feature an EAGLE head consumes. Shards are written atomically as
-safetensors, so a killed run resumes where it stopped.
+position, which is exactly the feature an EAGLE head consumes; with ``tap_layers`` (EAGLE-3) also the
+hidden states entering those decoder layers. Shards are written atomically as safetensors, so a
+killed run resumes where it stopped.
 
 Shard layout: ``tokens`` (N,) int32, ``features`` (N, H) fp16, ``offsets`` (B+1,) int64 sequence
-boundaries, ``response_start`` (B,) int64 index of the first answer token within each sequence.
+boundaries, ``response_start`` (B,) int64 index of the first answer token within each sequence, and
+with taps ``layer_features`` (N, k*H) fp16 (the k tapped layers' inputs, concatenated in layer order)
+plus ``tap_layers`` (k,) int64.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -24,24 +29,46 @@ from tqdm import tqdm
 from eagle2.cache import forward_target, new_cache
 from eagle2.chat import encode_conversation, stop_ids
 from eagle2.data import all_benchmark_questions
+from eagle2.features import LayerTap
 
 
-def training_records(path: str | Path, benchmarks_dir: str | Path | None = None) -> list[tuple[str, str]]:
-    """(prompt, the dataset's own answer) pairs, every benchmark question removed."""
-    records = json.loads(Path(path).read_text())
-    pairs = [((r["instruction"] + ("\n" + r["input"] if r.get("input") else "")).strip(), r.get("output", ""))
-             for r in records]
+def _read_records(path: Path) -> list[dict]:
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
+def _prompt_and_answer(record: dict, path: Path) -> tuple[str, str]:
+    if "instruction" in record:  # Alpaca / Code Alpaca
+        prompt = record["instruction"] + ("\n" + record["input"] if record.get("input") else "")
+        return prompt.strip(), record.get("output", "")
+    if "question" in record:  # GSM8K
+        return record["question"].strip(), record.get("answer", "")
+    raise ValueError(f"{path}: a record has neither 'instruction' nor 'question': {sorted(record)}")
+
+
+def training_records(paths, benchmarks_dir: str | Path | None = None) -> list[tuple[str, str]]:
+    """(prompt, the dataset's own answer) pairs of one prompt file or several (``.json`` lists of
+    Alpaca-style records or ``.jsonl`` GSM8K-style lines), in file order, every benchmark question removed."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    pairs = [_prompt_and_answer(r, Path(p)) for p in paths for r in _read_records(Path(p))]
     held_out = all_benchmark_questions(benchmarks_dir)
     return [(p, a) for p, a in pairs if p not in held_out]
 
 
-def training_prompts(path: str | Path, benchmarks_dir: str | Path | None = None) -> list[str]:
-    """Alpaca prompts with every benchmark question removed."""
-    return [p for p, _ in training_records(path, benchmarks_dir)]
+def training_prompts(paths, benchmarks_dir: str | Path | None = None) -> list[str]:
+    """Training prompts with every benchmark question removed."""
+    return [p for p, _ in training_records(paths, benchmarks_dir)]
+
+
+def _features(hidden: torch.Tensor, tap: LayerTap | None) -> torch.Tensor:
+    """The recorded features of a forward: post-norm hidden states, then the tapped layers' inputs."""
+    return hidden if tap is None else torch.cat([hidden, tap.read().to(hidden.dtype)], dim=-1)
 
 
 @torch.no_grad()
-def teacher_forced_batch(model, sequences: list[list[int]], starts: list[int], pad_id: int):
+def teacher_forced_batch(model, sequences: list[list[int]], starts: list[int], pad_id: int,
+                         tap: LayerTap | None = None):
     """Features of given (prompt + answer) sequences from one right-padded forward."""
     width = max(len(s) for s in sequences)
     input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -49,14 +76,15 @@ def teacher_forced_batch(model, sequences: list[list[int]], starts: list[int], p
     for row, ids in enumerate(sequences):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         mask[row, : len(ids)] = 1
-    hidden = forward_target(model, input_ids, new_cache(model), attention_mask=mask)
-    return [(ids, hidden[row, : len(ids)], start) for row, (ids, start) in enumerate(zip(sequences, starts))]
+    feats = _features(forward_target(model, input_ids, new_cache(model), attention_mask=mask), tap)
+    return [(ids, feats[row, : len(ids)], start) for row, (ids, start) in enumerate(zip(sequences, starts))]
 
 
 @torch.no_grad()
 def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_tokens: int,
-                 temperature: float, generator: torch.Generator, pad_id: int):
-    """Decode a left-padded batch; return per-row (token ids, features, response_start)."""
+                 temperature: float, generator: torch.Generator, pad_id: int, tap: LayerTap | None = None):
+    """Decode a left-padded batch; return per-row (token ids, features, response_start). Features are
+    the post-norm hidden states, followed (with ``tap``) by the tapped layers' inputs."""
     batch = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -67,7 +95,8 @@ def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = new_cache(model)
     hidden = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)
-    feats = [[hidden[row, width - len(prompt_ids[row]):]] for row in range(batch)]
+    step_feats = _features(hidden, tap)
+    feats = [[step_feats[row, width - len(prompt_ids[row]):]] for row in range(batch)]
     n_feats = [len(p) for p in prompt_ids]
     tokens = [list(p) for p in prompt_ids]
     alive = torch.ones(batch, dtype=torch.bool)
@@ -88,9 +117,10 @@ def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_
         positions = positions[:, -1:] + 1
         hidden = forward_target(model, nxt[:, None], cache, attention_mask=mask, position_ids=positions)
         last = hidden[:, -1]
+        step_feats = _features(hidden, tap)
         for row in range(batch):
             if n_feats[row] < len(tokens[row]):  # rows that finished earlier record nothing
-                feats[row].append(hidden[row])
+                feats[row].append(step_feats[row])
                 n_feats[row] += 1
     out = []
     for row in range(batch):
@@ -100,15 +130,20 @@ def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_
     return out
 
 
-def write_shard(path: Path, rows) -> None:
+def write_shard(path: Path, rows, hidden_size: int, tap_layers: tuple[int, ...] = ()) -> None:
+    """Write rows of (token ids, features (n, H or H + k*H), response_start) as one shard."""
     tokens = torch.tensor([t for ids, _, _ in rows for t in ids], dtype=torch.int32)
     features = torch.cat([f for _, f, _ in rows]).to(torch.float16)
     lengths = torch.tensor([len(ids) for ids, _, _ in rows])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     starts = torch.tensor([s for _, _, s in rows], dtype=torch.long)
+    tensors = {"tokens": tokens, "features": features[:, :hidden_size].contiguous(), "offsets": offsets,
+               "response_start": starts}
+    if tap_layers:
+        tensors["layer_features"] = features[:, hidden_size:].contiguous()
+        tensors["tap_layers"] = torch.tensor(tap_layers, dtype=torch.long)
     tmp = path.with_suffix(".partial")
-    save_file({"tokens": tokens, "features": features.contiguous(), "offsets": offsets,
-               "response_start": starts}, str(tmp))
+    save_file(tensors, str(tmp))
     tmp.rename(path)
 
 
@@ -119,13 +154,15 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
-                 worker: int = 0, workers: int = 1, answers: list[str] | None = None, stop_tokens=()) -> Path:
+                 worker: int = 0, workers: int = 1, answers: list[str] | None = None, stop_tokens=(),
+                 tap_layers=()) -> Path:
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
     seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
     ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
     ``workers``-th batch of the order. With ``answers`` (one per prompt, e.g. the dataset's own) the
     target does not answer: it reads those answers (teacher forcing, each closed by the EOS) and only its
-    features are kept. An answer ends at the EOS or one of ``stop_tokens`` (the model config's)."""
+    features are kept. An answer ends at the EOS or one of ``stop_tokens`` (the model config's).
+    ``tap_layers`` (decoder layer indices, e.g. ``eagle3_layers(L)``) also records their inputs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     eos_ids = stop_ids(tokenizer, stop_tokens)
@@ -149,18 +186,23 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
         order = order[:max_batches]
         bar.total = len(order)
         bar.n = sum(1 for b in order if (out / f"shard_{b:05d}.safetensors").exists())
-    for b in order[worker::workers]:  # random order: a partial corpus is an unbiased sample of the prompts
-        batch = batches[b]
-        path = out / f"shard_{b:05d}.safetensors"
-        if path.exists():
-            continue
-        if answers is None:
-            gen = torch.Generator().manual_seed(seed * 100003 + b)
-            rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen, pad_id)
-        else:
-            rows = teacher_forced_batch(model, [e[2] + e[3] for e in batch], [len(e[2]) for e in batch], pad_id)
-        write_shard(path, rows)
-        bar.update(1)
+    tap_layers = tuple(int(i) for i in tap_layers or ())
+    with contextlib.ExitStack() as stack:
+        tap = stack.enter_context(LayerTap(model, tap_layers)) if tap_layers else None
+        for b in order[worker::workers]:  # random order: a partial corpus is an unbiased sample of the prompts
+            batch = batches[b]
+            path = out / f"shard_{b:05d}.safetensors"
+            if path.exists():
+                continue
+            if answers is None:
+                gen = torch.Generator().manual_seed(seed * 100003 + b)
+                rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen,
+                                    pad_id, tap)
+            else:
+                rows = teacher_forced_batch(model, [e[2] + e[3] for e in batch], [len(e[2]) for e in batch],
+                                            pad_id, tap)
+            write_shard(path, rows, model.config.hidden_size, tap_layers)
+            bar.update(1)
     bar.close()
     return out
 

@@ -26,7 +26,8 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
     """Build (or finish) the self-distillation corpus of ``conf/train/*.yaml``."""
     from eagle2.training.corpus import build_corpus, training_records
 
-    records = training_records(root / corpus_cfg.prompts)
+    prompt_files = [corpus_cfg.prompts] if isinstance(corpus_cfg.prompts, str) else list(corpus_cfg.prompts)
+    records = training_records([root / f for f in prompt_files])
     if corpus_cfg.limit:
         records = records[: int(corpus_cfg.limit)]
     prompts = [p for p, _ in records]
@@ -39,7 +40,19 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
                         temperature=corpus_cfg.temperature, samples_per_prompt=corpus_cfg.samples_per_prompt,
                         seed=corpus_cfg.seed, max_batches=corpus_cfg.max_batches, worker=corpus_cfg.worker,
                         workers=corpus_cfg.workers, stop_tokens=corpus_cfg.stop_tokens,
-                        answers=[a for _, a in records] if responses == "dataset" else None)
+                        answers=[a for _, a in records] if responses == "dataset" else None,
+                        tap_layers=corpus_tap_layers(target, corpus_cfg.get("tap_layers")))
+
+
+def corpus_tap_layers(target, setting) -> tuple[int, ...]:
+    """The decoder layers whose inputs the corpus records: ``eagle3`` (2, L//2, L-3), a list, or none."""
+    from eagle2.features import eagle3_layers
+
+    if not setting:
+        return ()
+    if setting == "eagle3":
+        return eagle3_layers(target.config.num_hidden_layers)
+    return tuple(int(i) for i in setting)
 
 
 def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:

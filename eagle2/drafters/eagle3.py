@@ -1,0 +1,11 @@
+"""EAGLE-3: the EAGLE-2 dynamic tree (``eagle2.drafters.eagle2_dynamic``, unchanged: same budget, same
+per-node records) drafted by an EAGLE-3 head (``eagle2.eagle3_head``), which reads the fused inputs of
+three target layers (captured by the engine) and drafts over its own reduced vocabulary."""
+
+from __future__ import annotations
+
+from eagle2.drafters import eagle2_dynamic
+
+
+def build(method_cfg, target, params, generator, weights: dict):
+    return eagle2_dynamic.build(method_cfg, target, params, generator, {"head": weights["eagle3_head"]})

@@ -1,0 +1,229 @@
+"""The EAGLE-3 draft head (Li et al., 2025), and its published checkpoint format.
+
+Wiring (as in the authors' heads): position i reads the token ``t[i+1]`` and a feature ``g[i]``. For
+committed context ``g[i] = fc(concat(x2[i], x_{L//2}[i], x_{L-3}[i]))``, the target's hidden states
+entering decoder layers 2, L//2 and L-3 (``eagle2.features``); a tree node deeper than one step reads
+the head's own output at its parent instead (already ``h`` wide, so ``fc`` is skipped). One decoder
+layer whose attention input is ``concat(input_layernorm(embed(t)), hidden_norm(g))`` (q/k/v take 2h),
+residual ``g``, then the usual post-attention norm and MLP. Its output goes through the head's own
+``norm`` and ``lm_head`` over a reduced draft vocabulary: draft id ``d`` is target token
+``d + d2t[d]``; ``t2d`` marks, over the target vocabulary, the tokens that have a draft id.
+
+Checkpoint format (a folder, local or a hub id): ``config.json`` = a LlamaConfig with
+``num_hidden_layers = 1``, ``draft_vocab_size`` and optionally ``target_hidden_size``; weights in
+``model.safetensors`` or ``pytorch_model.bin`` with keys ``fc.weight`` [h, 3H],
+``midlayer.self_attn.{q,k,v}_proj.weight`` [., 2h], ``midlayer.self_attn.o_proj.weight``,
+``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{hidden_norm,input_layernorm,
+post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` [draft_vocab, h], ``d2t``,
+``t2d`` (both optional when the draft vocabulary is the full one) and optionally
+``embed_tokens.weight`` (else the target's embedding is used). Loading is strict, never runs pickled
+code, and names a bad key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      apply_rotary_pos_emb)
+
+from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+from eagle2.features import eagle3_layers
+
+
+class Eagle3Attention(nn.Module):
+    """Self-attention over the 2h-wide input, with its own KV cache layer (``cache.update``)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // self.heads
+        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+
+    def forward(self, x, position_embeddings, attention_mask, cache=None) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.to(q.dtype))
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = LlamaMLP(config)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=eps)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
+
+    def forward(self, embeds, hidden, position_embeddings, attention_mask, cache=None) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, position_embeddings, attention_mask, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...]):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        target_h = getattr(config, "target_hidden_size", None) or h
+        self.draft_vocab_size = int(getattr(config, "draft_vocab_size", None) or config.vocab_size)
+        self.feature_layers = tuple(feature_layers)  # the target layers whose inputs are fused
+        self.fc = nn.Linear(len(self.feature_layers) * target_h, h, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self._embed: list[nn.Module] = []  # the target's embedding unless the checkpoint has its own
+
+    def attach_embedding(self, embed_tokens: nn.Module) -> "Eagle3Head":
+        self._embed = [embed_tokens]
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if not self._embed:
+            raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding)")
+        return self._embed[0]
+
+    def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Draft over ``token_ids`` (target ids): stored sorted, as ``d2t``/``t2d`` in the official layout."""
+        ids = torch.unique(token_ids.long().cpu())  # sorted
+        if len(ids) != self.draft_vocab_size:
+            raise ValueError(f"{len(ids)} distinct draft tokens for a draft vocabulary of {self.draft_vocab_size}")
+        self.d2t.copy_(ids - torch.arange(len(ids)))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """The target token id of each ``lm_head`` row (None when the draft vocabulary is the full one)."""
+        if self.draft_vocab_size == self.config.vocab_size:
+            return None
+        return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def drafting_lm_head(self) -> nn.Module:
+        """Features -> draft-vocabulary logits: the head's own ``norm`` then ``lm_head``."""
+        return nn.Sequential(self.norm, self.lm_head)
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
+        """input_ids (B, Q) tokens t[i+1]; features (B, Q, 3H) fused target layers or (B, Q, h) the
+        head's own outputs; attention_mask additive (B, 1, Q, past+Q). Returns (B, Q, h)."""
+        emb = self.embed_tokens(input_ids).to(features.dtype)
+        hidden = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        pos_emb = self.rotary_emb(hidden, position_ids=position_ids)
+        return self.midlayer(emb, hidden, pos_emb, attention_mask, cache)
+
+
+def eagle3_config_from_target(target_config, draft_vocab_size: int) -> LlamaConfig:
+    """A head config matching the target's width, heads and RoPE, with a draft vocabulary."""
+    from eagle2.head import head_config_from_target
+
+    config = head_config_from_target(target_config, num_layers=1)
+    config.draft_vocab_size = int(draft_vocab_size)
+    return config
+
+
+def _read_config(folder: Path) -> LlamaConfig:
+    raw = json.loads((folder / "config.json").read_text())
+    if "draft_vocab_size" not in raw:
+        raise KeyError(f"{folder}/config.json has no draft_vocab_size: not an EAGLE-3 head (for an EAGLE-1/2 "
+                       "head use model.head with method=eagle/eagle2)")
+    if "rope_theta" not in raw and "rope_parameters" not in raw and "rope_scaling" not in raw:
+        raw["rope_theta"] = 10000.0  # the authors' code defaults to this
+    raw["model_type"] = "llama"
+    return LlamaConfig(**raw)
+
+
+def _feature_layers(config: LlamaConfig, target) -> tuple[int, ...]:
+    """The fused target layers: the checkpoint's ``eagle_config.eagle_aux_hidden_state_layer_ids`` when
+    it names them, else EAGLE-3's default for the target's depth."""
+    named = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    return tuple(int(i) for i in named) if named else eagle3_layers(target.config.num_hidden_layers)
+
+
+def _local_folder(location: str) -> Path:
+    path = Path(location)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    from eagle2.models import ModelUnavailableError
+
+    try:
+        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
+        raise ModelUnavailableError(
+            f"cannot load EAGLE-3 head {location!r}: not a local folder and the hub is unreachable "
+            f"({type(exc).__name__}); download it and pass model.eagle3_head=/local/dir") from None
+
+
+def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
+    """Load a head in the official EAGLE-3 format, strictly, on the target's device and dtype."""
+    folder = _local_folder(str(location))
+    config = _read_config(folder)
+    if config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"EAGLE-3 head {folder}: vocab_size {config.vocab_size} != the target's "
+                         f"{target.config.vocab_size}")
+    config._attn_implementation = "sdpa"
+    head = Eagle3Head(config, _feature_layers(config, target))
+    state = read_weights(folder)
+    embed = state.pop("embed_tokens.weight", None)
+    expected = head.state_dict()
+    full_vocab = head.draft_vocab_size == config.vocab_size
+    optional = {k for k in expected if "rotary" in k} | ({"d2t", "t2d"} if full_vocab else set())
+    check_state(f"EAGLE-3 head {folder}", state, expected, optional=optional)
+    if state["fc.weight"].shape[1] != len(head.feature_layers) * target.config.hidden_size:
+        raise ValueError(f"EAGLE-3 head {folder}: fc.weight reads {state['fc.weight'].shape[1]} features, the "
+                         f"target gives {len(head.feature_layers)} x {target.config.hidden_size}")
+    head.load_state_dict(state, strict=False)
+    ids = head.draft_token_ids()
+    if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
+        raise ValueError(f"EAGLE-3 head {folder}: d2t maps draft ids outside the target vocabulary")
+    if embed is not None:
+        own = nn.Embedding(*embed.shape)
+        own.weight.data.copy_(embed)
+        head.attach_embedding(own.requires_grad_(False).to(target.device, target.dtype))
+    elif config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"EAGLE-3 head {folder}: hidden size {config.hidden_size} differs from the target's "
+                         "and the checkpoint has no embed_tokens.weight")
+    else:
+        head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, target.dtype).eval()
+
+
+def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (no embedding) in the official layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = head.config.to_dict()
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=head.draft_vocab_size,
+               eagle_config={"eagle_aux_hidden_state_layer_ids": list(head.feature_layers)})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    state = {k: (v if v.dtype in (torch.long, torch.bool) else v.detach().to(dtype or v.dtype)).contiguous()
+             for k, v in head.state_dict().items() if "rotary" not in k}
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
