@@ -150,8 +150,10 @@ def _with_parent_accepted(nodes: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration(nodes: pd.DataFrame, bins: int = 10, by_depth: bool = False) -> pd.DataFrame:
-    """Confidence bins -> empirical acceptance (nodes whose parent was accepted), with counts."""
+    """Confidence bins -> empirical acceptance (nodes whose parent was accepted), with counts. Nodes
+    without a confidence (a hybrid tree's lookup nodes: NaN) are left out."""
     tried = _with_parent_accepted(nodes)
+    tried = tried[tried.confidence.notna()].copy()
     edges = np.linspace(0, 1, bins + 1)
     tried["bin"] = np.clip(np.digitize(tried.confidence, edges) - 1, 0, bins - 1)
     keys = ["method", "bin"] + (["depth"] if by_depth else [])
@@ -226,14 +228,34 @@ def config_settings(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+ORACLE = "oracle"
+ORACLE_NOTE = "ceiling, not a speed"  # the oracle runs the target to look ahead: its speed is no method's
+
+
+def _switched_on(value) -> bool:
+    """A boolean setting that is on (pandas turns a missing one into NaN and bools into numpy bools)."""
+    return isinstance(value, (bool, np.bool_)) and bool(value)
+
+
+def display_method(method: str, settings: dict) -> str:
+    """The name a config is shown under: ``eagle2+lookup`` for EAGLE-2 with its lookup branch, the
+    oracle marked as a ceiling, else the method's name."""
+    if method == ORACLE:
+        return f"{ORACLE} [{ORACLE_NOTE}]"
+    if _switched_on(settings.get("lookup_branch")):
+        return f"{method}+lookup"
+    return str(method)
+
+
 def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
-    """config_hash -> a readable label: the method name, plus the method settings that vary between
-    configs of that method (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
+    """config_hash -> a readable label: the method's display name (``display_method``), plus the method
+    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
     settings = config_settings(rows)
+    settings["method"] = [display_method(m, r.to_dict()) for m, (_, r) in zip(settings.method, settings.iterrows())]
     labels = {}
     for method, g in settings.groupby("method", sort=False):
         varying = [c for c in g.columns if c not in ("config_hash", "method")
-                   and g[c].astype(str).nunique(dropna=False) > 1]
+                   and not c.startswith("lookup") and g[c].astype(str).nunique(dropna=False) > 1]
         for _, r in g.iterrows():
             extra = ", ".join(f"{c}={_plain_value(r[c])}" for c in varying)
             labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
@@ -256,3 +278,53 @@ def tree_budget_table(rows: pd.DataFrame) -> pd.DataFrame:
     for key in TREE_KEYS:
         table[key] = table.config_hash.map(settings[key]) if key in settings else np.nan
     return table.reset_index(drop=True)
+
+
+# --- oracle efficiency ----------------------------------------------------------------------------
+
+def draft_depth(settings: dict) -> float:
+    """The deepest draft a method config can propose: ``depth`` (EAGLE-2, oracle; with a lookup branch
+    the longer of depth and lookup_k), ``k`` (SpS, PLD), the longest ``choices`` path (static trees);
+    NaN when unknown (plain: 0)."""
+    if settings.get("choices"):
+        return float(max(len(c) for c in settings["choices"]))
+    depth = settings.get("depth", settings.get("k"))
+    if depth is None:
+        return 0.0 if settings.get("name") == "plain" else np.nan
+    if _switched_on(settings.get("lookup_branch")):
+        return float(max(int(depth), int(settings.get("lookup_k") or depth)))
+    return float(depth)
+
+
+def oracle_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each drafting config's tau as a share of the oracle's on the same question turns.
+
+    The oracle (``method=oracle``, temperature 0) proposes what the target will emit: its tau is the
+    ceiling of any drafter drafting at most as deep. Each config is matched with the oracle of the same
+    model, dataset, temperature, dtype and max_new_tokens whose depth equals the config's
+    ``draft_depth``, else the shallowest deeper one, else the deepest; ``oracle_depth`` says which."""
+    if rows.empty or not (rows.method == ORACLE).any():
+        return pd.DataFrame()
+    depth = {r.config_hash: draft_depth(r.method_config if isinstance(r.method_config, dict) else {})
+             for r in rows.drop_duplicates("config_hash").itertuples()}
+    labels, out = variant_labels(rows), []
+    keys = [k for k in ("model", "dataset", "temperature", "dtype", "max_new_tokens") if k in rows]
+    for key, g in rows.groupby(keys, dropna=False):
+        oracles = g[g.method == ORACLE]
+        if oracles.empty:
+            continue
+        depths = sorted({depth[h] for h in oracles.config_hash})
+        for chash, m in g[~g.method.isin(["plain", ORACLE])].groupby("config_hash"):
+            want = depth[chash]
+            deeper = [d for d in depths if d >= want]
+            pick = want if want in depths else (deeper[0] if deeper else depths[-1])
+            oracle = oracles[oracles.config_hash.map(depth) == pick]
+            common = m.merge(oracle, on=["question_id", "turn"], suffixes=("", "_oracle"))
+            if common.empty:
+                continue
+            tau = common.decode_tokens.sum() / common.target_forwards.sum()
+            ceiling = common.decode_tokens_oracle.sum() / common.target_forwards_oracle.sum()
+            out.append({**dict(zip(keys, key)), "method": m.method.iloc[0], "label": labels[chash],
+                        "config_hash": chash, "draft_depth": want, "oracle_depth": pick, "turns": len(common),
+                        "tau": tau, "oracle_tau": ceiling, "efficiency": tau / ceiling})
+    return pd.DataFrame(out)

@@ -8,6 +8,8 @@ Reads every row and per-node record under RESULTS_DIR (``analysis.metrics``) and
 - ``speedup_bars``, ``calibration``, ``acceptance_by_position``, ``tree_budget``: figures, PNG and PDF;
 - ``calibration.csv``, ``acceptance_by_rank.csv``, ``acceptance_by_position.csv``, ``tree_budget.csv``,
   ``failures.csv``: the numbers behind them;
+- ``oracle_efficiency.md`` / ``.csv``: each config's tau as a share of the oracle's (``method=oracle``,
+  the tau ceiling at that draft depth; the oracle is labelled as such and is no Table 1 row);
 - ``identity.csv``: per greedy speculative config, turns identical to plain decoding, numeric and
   algorithmic divergences (from ``python -m eagle2.identity`` records) and unaudited ones;
 - ``summary.md``: what was written, what was skipped and why, the identity audit's totals, and the
@@ -38,11 +40,12 @@ from analysis.metrics import (
     load_nodes,
     load_rows,
     method_table,
+    oracle_efficiency,
     per_position_acceptance,
     tree_budget_table,
     variant_labels,
 )
-from analysis.tables import PUBLISHED, load_published, table1_frame, to_latex, to_markdown
+from analysis.tables import PUBLISHED, load_published, oracle_markdown, table1_frame, to_latex, to_markdown
 
 log = logging.getLogger(__name__)
 WANDB_NODE_ROWS = 100_000  # a W&B table larger than this is logged as a uniform sample
@@ -146,6 +149,16 @@ def _positions(rep: Report, rows: pd.DataFrame) -> None:
             "acceptance by draft position, all benchmarks pooled (Fig. 5 style)")
 
 
+def _oracle(rep: Report, rows: pd.DataFrame) -> None:
+    frame = oracle_efficiency(rows)
+    if frame.empty:
+        rep.notes.append("no oracle rows (method=oracle, temperature 0) matched with other methods: "
+                         "no oracle efficiency")
+        return
+    rep.csv(frame, "oracle_efficiency.csv", "per config: tau, the oracle's tau on the same turns, their ratio")
+    rep.text(oracle_markdown(frame), "oracle_efficiency.md", "oracle efficiency (markdown): tau / oracle tau")
+
+
 def _tree_budget(rep: Report, rows: pd.DataFrame) -> None:
     tb = tree_budget_table(rows) if not rows.empty else pd.DataFrame()
     if tb.empty or tb.total_tokens.astype(str).groupby([tb.model, tb.dataset, tb.temperature]).nunique().max() < 2:
@@ -246,6 +259,7 @@ def build_report(results: str | Path, out: str | Path, published: str | Path = P
     rep.section("tables and speedup bars", _tables, rows, load_published(published))
     rep.section("calibration", _calibration, nodes)
     rep.section("per-position acceptance", _positions, rows)
+    rep.section("oracle efficiency", _oracle, rows)
     rep.section("tree budget", _tree_budget, rows)
     rep.section("identity", _identity, results, rows)
     if use_wandb:

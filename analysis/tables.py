@@ -1,6 +1,9 @@
 """Table 1 of the EAGLE-2 paper from our rows: speedup / tau per method x benchmark, plus a Mean column,
 grouped by model and temperature, with the published numbers beside ours where the model matches.
 
+The oracle (``method=oracle``, a tau ceiling whose speed is no method's) is not a Table 1 row:
+``oracle_markdown`` lays out each method's tau as a share of the oracle's (``metrics.oracle_efficiency``).
+
 ``table1_frame`` builds the numbers (long format, one line per table cell) from ``analysis.metrics``;
 ``to_markdown`` and ``to_latex`` only lay them out. Published numbers come from
 ``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``).
@@ -14,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import method_table, variant_labels
+from analysis.metrics import ORACLE, method_table, variant_labels
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "eagle2_table1.tsv"
 DATASETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq"]
@@ -22,7 +25,7 @@ TITLES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "a
           "cnn_dm": "CNN/DM", "nq": "NaturalQ", "mean": "Mean"}
 PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B", "llama2chat13b": "L2-13B"}
 PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
-METHOD_ORDER = ["sps", "eagle", "eagle2"]
+METHOD_ORDER = ["sps", "pld", "medusa", "eagle", "eagle2", "eagle3"]
 COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash"]
 
 
@@ -60,7 +63,7 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
     if rows.empty:
         return pd.DataFrame(columns=COLUMNS), notes
     table = method_table(rows)
-    table = table[table.method != "plain"].copy()
+    table = table[~table.method.isin(["plain", ORACLE])].copy()  # the oracle's tau ceiling: oracle_markdown
     if table.empty:
         return pd.DataFrame(columns=COLUMNS), notes
     table["label"] = table.config_hash.map(variant_labels(rows))
@@ -191,3 +194,32 @@ def to_latex(frame: pd.DataFrame) -> str:
     lines[-1] = r"\bottomrule"
     lines += [r"\end{tabular}", r"% n/b: no plain baseline for that cell; --: not run."]
     return "\n".join(lines) + "\n"
+
+
+def oracle_markdown(frame: pd.DataFrame) -> str:
+    """Oracle efficiency per model and temperature: rows = configs, columns = benchmarks, cells
+    'tau / oracle tau = share' (the oracle of the config's draft depth, ``metrics.oracle_efficiency``)."""
+    if frame.empty:
+        return "No oracle rows (method=oracle at temperature 0): no oracle efficiency.\n"
+    present = set(frame.dataset)
+    columns = [d for d in DATASETS if d in present] + sorted(present - set(DATASETS))
+    parts = ["Oracle efficiency: a method's tau over the oracle's on the same question turns (the oracle proposes "
+             "what the target will emit, as deep as the method drafts: oracle depth in brackets). Cells: "
+             "tau / oracle tau = share. The oracle's speed is not a method's speed.\n"]
+    for (model, temp), g in frame.groupby(["model", "temperature"], sort=False):
+        body = []
+        for label, lg in g.groupby("label", sort=False):
+            cells = lg.set_index("dataset")
+            depth = _plain_int(lg.oracle_depth.iloc[0])
+            mean = lg.efficiency.mean()
+            body.append([f"{label} [oracle depth {depth}]"] + [
+                f"{cells.tau[d]:.2f} / {cells.oracle_tau[d]:.2f} = {cells.efficiency[d]:.2f}" if d in cells.index
+                else "—" for d in columns] + [f"{mean:.2f}"])
+        head = ["Method"] + [TITLES.get(d, d) for d in columns] + ["Mean share"]
+        parts.append(f"### {model}, temperature {temp:g}\n\n" + pd.DataFrame(body, columns=head).to_markdown(
+            index=False) + "\n")
+    return "\n".join(parts)
+
+
+def _plain_int(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
