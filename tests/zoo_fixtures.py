@@ -146,9 +146,30 @@ def write_full_draft(folder: Path, target_config: LlamaConfig, seed: int = 2, *,
     return folder
 
 
+def write_medusa_head(folder: Path, target_config: LlamaConfig, seed: int = 3, *, num_heads: int = 4) -> Path:
+    """Medusa-1 heads as FasterDecoding publishes them: fp16 ``medusa_lm_head.pt`` with keys
+    ``{k}.0.linear.{weight,bias}`` and ``{k}.1.weight`` (each head's own LM head) and a ``config.json``
+    whose ``medusa_num_heads`` is 2 whatever the file holds (as medusa-vicuna-7b-v1.3's). Above 64M
+    LM-head entries in all the heads share the target's LM head instead (the later "version 2" layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, v = target_config.hidden_size, target_config.vocab_size
+    state = {}
+    for k in range(num_heads):
+        state[f"{k}.0.linear.weight"] = _random((h, h), gen)
+        state[f"{k}.0.linear.bias"] = _random((h,), gen)
+        if num_heads * v * h <= 64 * 2**20:
+            state[f"{k}.1.weight"] = _random((v, h), gen)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({k: t.to(torch.float16) for k, t in state.items()}, folder / "medusa_lm_head.pt")
+    (folder / "config.json").write_text(json.dumps({"base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+                                                    "medusa_num_heads": 2, "medusa_num_layers": 1}))
+    return folder
+
+
 WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder
     "head": write_published_head,
     "sps_draft": write_full_draft,
+    "medusa_head": write_medusa_head,
 }
 
 
