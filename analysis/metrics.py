@@ -303,6 +303,7 @@ def oracle_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
     ceiling of any drafter drafting at most as deep. Each config is matched with the oracle of the same
     model, dataset, temperature, dtype and max_new_tokens whose depth equals the config's
     ``draft_depth``, else the shallowest deeper one, else the deepest; ``oracle_depth`` says which."""
+    rows = rows[rows.temperature == 0] if not rows.empty else rows  # at T > 0 the oracle is no ceiling
     if rows.empty or not (rows.method == ORACLE).any():
         return pd.DataFrame()
     depth = {r.config_hash: draft_depth(r.method_config if isinstance(r.method_config, dict) else {})

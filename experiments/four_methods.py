@@ -1,10 +1,16 @@
 """The four-method CPU table: plain, sps, eagle, eagle2 (and eagle2 with the cost-model budget,
-``eagle2_auto``) on SmolLM2, side by side in one run, at one or more temperatures.
+``eagle2_auto``) on SmolLM2, side by side in one run, at one or more temperatures; also any other method
+by name (``pld``, ``eagle2_lookup`` = EAGLE-2 with its lookup branch, ``medusa``, ...) and the oracle
+(``oracle`` or ``oracleN``, depth N: list it after plain, whose temperature-0 rows it reads from the same
+results folder; its tau is the ceiling, its speed is no method's).
 
 Each (method, dataset, temperature) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
 table is computed from the stored rows by ``analysis.metrics``: tokens/s, speedup over plain on the
 same turns, tau, where round time goes (draft forwards, verify forwards, everything else), and the
 cost-model prediction speedup ~ tau * T(1) / (T_draft + T_verify) beside the measured speedup.
+
+``oracle_eff``: tau over the oracle's on the same turns, the oracle of the config's draft depth (else
+the nearest deeper one) when the run has oracles (``analysis.metrics.oracle_efficiency``).
 
 For ``eagle2_auto`` rows, ``mean_budget`` is the mean number of nodes it chose to verify and
 ``expected_tau`` the cost model's own estimate of tau (1 + the verified path values, per round).
@@ -16,17 +22,27 @@ Run: ``python -m experiments.four_methods --results results/four_methods [--limi
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from analysis.metrics import load_rows, method_table
+from analysis.metrics import ORACLE_NOTE, load_rows, method_table, oracle_efficiency
 from eagle2.results import config_hash
 from eagle2.runner import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"],  # name -> overrides
             "eagle2_fixed8": ["method=eagle2", "method.total_tokens=8"]}
+
+
+def method_overrides(method: str) -> list[str]:
+    """The Hydra overrides of a method name given here: a VARIANT, ``oracleN`` (the oracle at depth N),
+    or a method config's name."""
+    if method in VARIANTS:
+        return VARIANTS[method]
+    oracle = re.fullmatch(r"oracle(\d+)", method)
+    return ["method=oracle", f"method.depth={oracle.group(1)}"] if oracle else [f"method={method}"]
 
 
 def main() -> None:
@@ -45,7 +61,7 @@ def main() -> None:
             for method in args.methods.split(","):
                 with initialize_config_dir(str(CONF), version_base="1.3"):
                     cfg = compose("config", overrides=[
-                        *VARIANTS.get(method, [f"method={method}"]), f"dataset={dataset}",
+                        *method_overrides(method), f"dataset={dataset}",
                         f"dataset.limit={args.limit}", f"temperature={temperature}",
                         f"max_new_tokens={args.max_new_tokens}", f"paths.results={args.results}", "logger=none",
                         *args.overrides])
@@ -54,14 +70,22 @@ def main() -> None:
     rows = load_rows(args.results)
     rows = rows[rows.config_hash.isin(names)]  # this run's cells only
     table = cost_model(method_table(rows))
-    table["method"] = table.config_hash.map(names)
-    cols = ["dataset", "temperature", "method", "turns", "tokens_per_s", "speedup", "predicted", "tau",
+    table["method"] = [f"{names[h]} [{ORACLE_NOTE}]" if m == "oracle" else names[h]
+                       for h, m in zip(table.config_hash, table.method)]
+    efficiency = oracle_efficiency(rows)
+    table["oracle_eff"] = table.config_hash.map(efficiency.set_index("config_hash").efficiency
+                                                if not efficiency.empty else {})
+    cols = ["dataset", "temperature", "method", "turns", "tokens_per_s", "speedup", "predicted", "tau", "oracle_eff",
             "expected_tau", "mean_budget", "ms_per_round", "draft_ms", "verify_ms", "other_share"]
-    order = {m: i for i, m in enumerate(args.methods.split(","))}
-    table = table.sort_values(["dataset", "temperature", "method"], key=lambda c: c.map(order) if c.name == "method"
-                              else c)
+    order = {h: names_order(args.methods).get(m, 99) for h, m in names.items()}
+    table = table.sort_values(["dataset", "temperature", "config_hash"],
+                              key=lambda c: c.map(order) if c.name == "config_hash" else c)
     print(table[cols].to_markdown(index=False, floatfmt=".3f"))
     print(greedy_identity(rows.assign(method=rows.config_hash.map(names))))
+
+
+def names_order(methods: str) -> dict[str, int]:
+    return {m: i for i, m in enumerate(methods.split(","))}
 
 
 def greedy_identity(rows) -> str:

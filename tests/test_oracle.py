@@ -82,6 +82,37 @@ def test_oracle_decodes_itself_where_the_output_leaves_the_reference(tiny, tmp_p
     assert sources[0] == 1 and 0 in sources
 
 
-def test_reference_needs_rows(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        reference_outputs(str(tmp_path / "nothing"), "float32")
+def test_no_reference_rows_means_decoding(tiny, tmp_path):
+    assert reference_outputs(str(tmp_path / "nothing"), "float32") == {}
+    ref = decode(tiny[0], {"name": "plain"}, PROMPTS[1], 30).output_ids
+    out = decode(tiny[0], {"name": "oracle", "depth": DEPTH, "reference": str(tmp_path / "nothing")}, PROMPTS[1], 30)
+    assert out.output_ids == ref and all(r.drafter["oracle_from_reference"] == 0 for r in out.rounds)
+
+
+def _row(method: str, settings: dict, qid: int, lengths: list[int], temperature: float = 0.0) -> dict:
+    return {"status": "ok", "model": "m", "dataset": "d", "method": method, "temperature": temperature,
+            "config_hash": f"{method}{sorted(settings.items())}{temperature}", "question_id": qid, "turn": 0,
+            "dtype": "float32", "max_new_tokens": 64, "accept_lengths": lengths, "target_forwards": len(lengths),
+            "new_tokens": sum(lengths) + 1, "wall_time_s": 1.0, "rounds": {}, "method_config": {"name": method, **settings}}
+
+
+def test_report_shows_oracle_efficiency_at_the_matching_depth(tmp_path):
+    from analysis.metrics import load_rows, oracle_efficiency
+    from analysis.report import build_report
+
+    rows = [_row("plain", {}, q, [1] * 8) for q in (1, 2)]
+    rows += [_row("oracle", {"depth": 3}, q, [4, 4]) for q in (1, 2)]
+    rows += [_row("oracle", {"depth": 5}, q, [6, 2]) for q in (1, 2)]
+    rows += [_row("pld", {"k": 3}, q, [2, 2, 2, 2]) for q in (1, 2)]  # tau 2 against depth-3 oracle's 4
+    rows += [_row("eagle", {"choices": [[0], [0, 0, 0, 0]]}, 1, [2, 2, 4])]  # depth 4: the depth-5 oracle
+    rows += [_row("pld", {"k": 3}, 1, [8], temperature=1.0)]  # T > 0: no efficiency
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    eff = oracle_efficiency(load_rows(tmp_path)).set_index("method")
+    assert set(eff.index) == {"pld", "eagle"}
+    assert eff.loc["pld", "oracle_depth"] == 3 and eff.loc["pld", "efficiency"] == pytest.approx(0.5)
+    assert eff.loc["eagle", "oracle_depth"] == 5 and eff.loc["eagle", "turns"] == 1
+    assert eff.loc["eagle", "efficiency"] == pytest.approx((8 / 3) / 4)
+    build_report(tmp_path, tmp_path / "report")
+    text = (tmp_path / "report" / "oracle_efficiency.md").read_text()
+    assert "2.00 / 4.00 = 0.50" in text
+    assert "oracle" not in (tmp_path / "report" / "table1.md").read_text()  # a ceiling, not a Table 1 row
