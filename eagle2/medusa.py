@@ -17,6 +17,10 @@ uses ``strict=False``). ``.pt``/``.bin`` files are read with ``torch.load(weight
 running pickled code), ``medusa_lm_head.safetensors`` when present; loading is strict and names a
 bad key. We save ``config.json`` + ``medusa_lm_head.safetensors`` with the same keys, without the
 ``{k}.{L}.weight`` keys when the LM head is shared (``"shared_lm_head": true`` in the config).
+
+Extension (as the EAGLE head's): ``draft_vocab.safetensors`` (``token_ids``) makes the heads' softmax
+run over those tokens only: they were trained over them (a CPU saving: 8k of SmolLM2's 49k rows), and
+a token outside is never drafted, which caps acceptance but never changes the output.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from eagle2.checkpoint import check_state
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension, as the EAGLE head's
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin")
 _KEY = re.compile(r"^(\d+)\.(\d+)\.")
 
@@ -74,6 +79,7 @@ class MedusaHeads(nn.ModuleList):
         super().__init__(nn.Sequential(*b) for b in blocks)
         self.num_layers, self.hidden, self.vocab_size = num_layers, hidden, vocab_size
         self._shared: list[nn.Module] = []  # the target's LM head when shared
+        self.draft_vocab: torch.Tensor | None = None  # token ids the heads' softmax runs over (None: all)
 
     @property
     def own_lm_head(self) -> bool:
@@ -96,9 +102,11 @@ class MedusaHeads(nn.ModuleList):
         return self._shared[0]
 
     def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
-        """(K', ..., V) logits of the first ``heads`` heads for hidden states (..., H)."""
+        """(K', ..., V') logits of the first ``heads`` heads for hidden states (..., H), over the draft
+        vocabulary (column i is token ``draft_vocab[i]``) when there is one."""
         feats = self.features(hidden, heads)
-        return torch.stack([self.lm_head(k)(f) for k, f in enumerate(feats)])
+        rows = slice(None) if self.draft_vocab is None else self.draft_vocab.to(hidden.device)
+        return torch.stack([nn.functional.linear(f, self.lm_head(k).weight[rows]) for k, f in enumerate(feats)])
 
     def config(self, **extra) -> dict:
         return {"medusa_num_heads": len(self), "medusa_num_layers": self.num_layers, "hidden_size": self.hidden,
@@ -116,7 +124,7 @@ def _local_folder(location: str) -> Path:
     from eagle2.models import ModelUnavailableError
 
     try:
-        return Path(snapshot_download(location, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES]))
+        return Path(snapshot_download(location, allow_patterns=[CONFIG_FILE, DRAFT_VOCAB_FILE, *WEIGHT_FILES]))
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
         raise ModelUnavailableError(
             f"cannot load Medusa heads {location!r}: not a local folder and the hub is unreachable "
@@ -168,6 +176,10 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
         raise ValueError(f"Medusa heads {folder} have width {heads.hidden}, the target {hidden}")
     if not heads.own_lm_head:
         heads.attach_lm_head(target.get_output_embeddings())
+    if (folder / DRAFT_VOCAB_FILE).is_file():
+        from safetensors.torch import load_file
+
+        heads.draft_vocab = load_file(str(folder / DRAFT_VOCAB_FILE))["token_ids"].long()
     return heads.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
@@ -180,4 +192,6 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype
     (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(folder / WEIGHT_FILES[0]))
+    if heads.draft_vocab is not None:
+        save_file({"token_ids": heads.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
     return folder

@@ -188,3 +188,20 @@ def test_medusa_equals_plain_on_smollm2_with_shipped_head(smollm2):
     for prompt in tok_prompts:
         assert (decode(smollm2, method, prompt, 48, heads).output_ids
                 == decode(smollm2, {"name": "plain"}, prompt, 48, heads).output_ids)
+
+
+def test_draft_vocabulary_round_trips_and_restricts_the_tree(target, tmp_path):
+    heads = tiny_medusa(target, own_lm_head=False)
+    heads.draft_vocab = torch.tensor([5, 3, 9, 12, 0, 7])
+    loaded = load_medusa_heads(save_medusa_heads(heads, tmp_path / "m"), target)
+    assert torch.equal(loaded.draft_vocab, heads.draft_vocab)
+    drafter = MedusaDrafter(loaded, "cpu", choices=TREE)
+    hidden = torch.randn(5, target.config.hidden_size)
+    drafter.start([1, 2, 3, 4, 5], 6, hidden)
+    tree = drafter.propose(root=6, room=100)
+    ranked = heads(hidden[-1]).argsort(dim=-1, descending=True)  # (K, 6) columns of the vocabulary
+    for node, path in enumerate(choice_paths(TREE), start=1):
+        assert int(tree.tokens[node]) == int(heads.draft_vocab[ranked[len(path) - 1, path[-1]]])
+    for prompt in PROMPTS:  # lossless whatever the vocabulary
+        assert (decode(target, {"name": "medusa", "choices": TREE}, prompt, 30, loaded).output_ids
+                == decode(target, {"name": "plain"}, prompt, 30, loaded).output_ids)

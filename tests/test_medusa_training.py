@@ -83,3 +83,18 @@ def test_best_tree_and_its_expected_accepted_length():
     assert best_tree(counts, 4) == [[0], [1], [0, 0], [0, 0, 0]]
     assert abs(tree_accept_length(counts, 100, [[0], [1], [0, 0]]) - 0.95) < 1e-12
     assert tree_accept_length(counts, 100, [[2], [0, 3]]) == 0.0
+
+
+def test_ranks_outside_the_draft_vocabulary_are_misses():
+    target = tiny_llama(vocab=16, layers=1, seed=0, scale=10.0)
+    seq = sequences(target, n=1)[0]
+    heads = new_medusa_heads(target, num_heads=2)
+    want = target.lm_head(seq.features).argmax(-1)
+    t = seq.start - 1
+    heads.draft_vocab = torch.tensor([v for v in range(16) if v != int(want[t + 1])])  # head 0's first target out
+    ranks = true_ranks(heads, target.lm_head, seq)
+    assert int(ranks[0, 0]) == 10
+    kept = int(want[t + 2])
+    if kept != int(want[t + 1]):
+        logits = heads(seq.features[t])[1]
+        assert int(ranks[0, 1]) == min(int((logits > logits[heads.draft_vocab.tolist().index(kept)]).sum()), 10)

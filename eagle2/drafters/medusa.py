@@ -45,8 +45,9 @@ class MedusaDrafter:
         if self.num_heads > len(heads):
             raise ValueError(f"method.choices is {self.num_heads} deep but the Medusa heads are {len(heads)}")
         self.top_k = int(self.rank.max()) + 1
-        self.lm_heads = [heads.lm_head(k) if heads.own_lm_head else drafting_lm_head(heads.lm_head(k), lm_head_dtype)
-                         for k in range(self.num_heads)]
+        dtype = None if heads.own_lm_head else lm_head_dtype  # a head's own LM head stays as it is
+        self.lm_heads = [drafting_lm_head(heads.lm_head(k), dtype, heads.draft_vocab) for k in range(self.num_heads)]
+        self.vocab = heads.draft_vocab  # column i of the drafting logits is token vocab[i]
         self.forward_time = 0.0
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
@@ -62,7 +63,8 @@ class MedusaDrafter:
         logits = torch.stack([lm(f.to(lm.weight.dtype)) for lm, f in zip(self.lm_heads, feats)]).float()
         top = torch.topk(torch.log_softmax(logits, dim=-1), self.top_k, dim=-1)
         self.forward_time += device_clock(self.device) - t0
-        return top.indices.cpu(), top.values.cpu()
+        tokens = top.indices.cpu()
+        return (tokens if self.vocab is None else self.vocab[tokens]), top.values.cpu()
 
     def propose(self, root: int, room: int) -> DraftTree:
         tokens, log_probs = self.candidates()

@@ -6,7 +6,9 @@ distribution the token t+k+2 is drawn from; on greedy answers its argmax is that
 cross-entropy weighted ``decay ** k`` (the paper's 0.8^k). Only positions whose predicted token is an
 answer token count (the prompt's last feature included: the first round drafts from it). The target is
 frozen; with a shared LM head only the residual blocks train. Data loading and the optimisation loop
-are the EAGLE head's (``training.data``, ``training.loop``).
+are the EAGLE head's (``training.data``, ``training.loop``). With ``draft_vocab_size`` the softmax of
+both sides runs over the corpus answers' most frequent tokens (shipped as the heads' draft vocabulary):
+on SmolLM2, 8k of 49k LM-head rows, the bulk of the cost.
 
 Evaluation on held-out sequences (teacher forcing is exact for Medusa: drafting reads the true
 features): per head, the rank of the target's greedy token among the head's choices; from the rank
@@ -21,6 +23,7 @@ import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +73,7 @@ def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay:
         x, y = out[k][:, : length - k - 1][sel], feats[:, k + 1:][sel]
         topk = (1 if train else 4) if with_stats else 0
         if heads.own_lm_head:
-            ce, k_stats = _own_head_cross_entropy(heads.lm_head(k), x, y, proj, topk)
+            ce, k_stats = _own_head_cross_entropy(heads.lm_head(k).weight[_rows(heads)], x, y, proj, topk)
         else:
             ce, k_stats = soft_cross_entropy(x, y, proj, topk=topk)
         total = ce * decay**k if total is None else total + ce * decay**k
@@ -84,9 +87,20 @@ def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay:
     return total, stats
 
 
-def _own_head_cross_entropy(lm_head, x, y, proj: LossProjection, topk: int):
-    """Soft cross-entropy of a head's own LM head against the target's distribution (plain autograd)."""
-    logp = torch.log_softmax(lm_head(x).float(), -1)
+def _rows(heads: MedusaHeads):
+    return slice(None) if heads.draft_vocab is None else heads.draft_vocab
+
+
+def vocab_projection(lm_head, vocab: torch.Tensor | None, dtype: torch.dtype) -> LossProjection:
+    """The target's LM head restricted to the rows ``vocab`` (all when None), for the loss."""
+    rows = slice(None) if vocab is None else vocab.to(lm_head.weight.device)
+    return LossProjection(SimpleNamespace(weight=lm_head.weight[rows], bias=None), dtype)
+
+
+def _own_head_cross_entropy(weight, x, y, proj: LossProjection, topk: int):
+    """Soft cross-entropy of a head's own LM head (its rows ``weight``) against the target's
+    distribution (plain autograd)."""
+    logp = torch.log_softmax(F.linear(x, weight).float(), -1)
     zq = proj(y)
     ce = -(torch.softmax(zq, -1) * logp).sum(-1).mean()
     stats = {}
@@ -106,9 +120,13 @@ def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwa
     target.requires_grad_(False)
     train_seqs, val_seqs = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
     heads = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head)
-    proj = LossProjection(target.get_output_embeddings(), resolve_dtype(cfg.loss_dtype))
+    if cfg.draft_vocab_size:
+        from eagle2.training.corpus import tokens_by_frequency
+
+        heads.draft_vocab = tokens_by_frequency(corpus_dir)[: int(cfg.draft_vocab_size)]
+    proj = vocab_projection(target.get_output_embeddings(), heads.draft_vocab, resolve_dtype(cfg.loss_dtype))
     extra = {"num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "own_lm_head": cfg.own_lm_head,
-             "decay": cfg.decay}
+             "decay": cfg.decay, "draft_vocab_size": cfg.draft_vocab_size}
     summary = fit(heads, partial(medusa_loss, proj=proj, decay=cfg.decay), train_seqs, val_seqs, cfg, out_dir,
                   desc="medusa", fingerprint_extra=extra, **kwargs)
     summary.update(train_sequences=len(train_seqs), val_sequences=len(val_seqs),
@@ -120,9 +138,9 @@ def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwa
 
 @torch.no_grad()
 def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int = MAX_RANK) -> torch.Tensor:
-    """(A, K) rank (0 = top-1; ``max_rank`` = not in the top ``max_rank``) of the target's greedy token
-    t+k+2 among head k's choices at f[t], for the anchors t (from the prompt's last position) where
-    every head's target exists."""
+    """(A, K) rank (0 = top-1; ``max_rank`` = not in the top ``max_rank`` or outside the heads' draft
+    vocabulary) of the target's greedy token t+k+2 among head k's choices at f[t], for the anchors t
+    (from the prompt's last position) where every head's target exists."""
     k_heads = len(heads)
     n = len(seq.tokens)
     first, last = max(seq.start - 1, 0), n - k_heads  # anchors t in [first, last): t + K <= n - 1
@@ -133,11 +151,16 @@ def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int 
     feats = seq.features.to(device, dtype)
     anchors = torch.arange(first, last, device=device)
     want = target_lm_head(feats).argmax(-1)  # (n,) greedy token after each position
-    out = heads(feats[anchors])  # (K, A, V)
+    if heads.draft_vocab is not None:  # as a column of the heads' logits; -1 outside their vocabulary
+        column = torch.full((target_lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
+        column[heads.draft_vocab.to(device)] = torch.arange(len(heads.draft_vocab), device=device)
+        want = column[want]
+    out = heads(feats[anchors])  # (K, A, V')
     ranks = []
     for k in range(k_heads):
         w = want[anchors + k + 1]
-        ranks.append((out[k] > out[k].gather(-1, w[:, None])).sum(-1).clamp_max(max_rank))
+        rank = (out[k] > out[k].gather(-1, w.clamp_min(0)[:, None])).sum(-1)
+        ranks.append(torch.where(w >= 0, rank, max_rank).clamp_max(max_rank))
     return torch.stack(ranks, dim=1).cpu()
 
 
