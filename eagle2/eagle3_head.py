@@ -81,6 +81,8 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
+    shared_keys = ()  # nothing of the target is stored with it (its embedding is kept out of the state)
+
     def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...]):
         super().__init__()
         self.config = config

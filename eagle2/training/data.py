@@ -20,6 +20,7 @@ class Sequence(NamedTuple):
     tokens: torch.Tensor  # (n,) int
     features: torch.Tensor  # (n, H) post-norm hidden states, usually fp16
     start: int  # index of the first answer token
+    layer_features: torch.Tensor | None = None  # (n, k*H) inputs of the tapped layers (EAGLE-3), if recorded
 
 
 def shard_index(path: Path) -> int:
@@ -48,7 +49,9 @@ def split_shards(folder: str | Path, val_fraction: float) -> tuple[list[Path], l
 def shard_sequences(shard: dict[str, torch.Tensor]) -> list[Sequence]:
     offsets = shard["offsets"].tolist()
     starts = shard["response_start"].tolist()
-    return [Sequence(shard["tokens"][a:b].long(), shard["features"][a:b], int(s))
+    layers = shard.get("layer_features")
+    return [Sequence(shard["tokens"][a:b].long(), shard["features"][a:b], int(s),
+                     None if layers is None else layers[a:b])
             for a, b, s in zip(offsets[:-1], offsets[1:], starts) if b - a >= 2]
 
 
@@ -99,18 +102,25 @@ def make_batches(lengths: list[int], token_budget: int, max_batch: int, seed: in
     return [batches[i] for i in perm]
 
 
+def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width, rows[0].shape[-1]), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r.float()
+    return out
+
+
 def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
-    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,)."""
+    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,), and
+    layer_features (B, L, k*H) fp32 when every sequence has them."""
     width = max(len(s.tokens) for s in seqs)
-    hidden = seqs[0].features.shape[-1]
     tokens = torch.zeros((len(seqs), width), dtype=torch.long)
-    feats = torch.zeros((len(seqs), width, hidden), dtype=torch.float32)
     valid = torch.zeros((len(seqs), width), dtype=torch.bool)
     for row, s in enumerate(seqs):
-        n = len(s.tokens)
-        tokens[row, :n] = s.tokens
-        feats[row, :n] = s.features.float()
-        valid[row, :n] = True
+        tokens[row, : len(s.tokens)] = s.tokens
+        valid[row, : len(s.tokens)] = True
     start = torch.tensor([s.start for s in seqs], dtype=torch.long)
-    return {"tokens": tokens.to(device), "features": feats.to(device), "valid": valid.to(device),
-            "start": start.to(device)}
+    batch = {"tokens": tokens.to(device), "features": _padded([s.features for s in seqs], width).to(device),
+             "valid": valid.to(device), "start": start.to(device)}
+    if all(s.layer_features is not None for s in seqs):
+        batch["layer_features"] = _padded([s.layer_features for s in seqs], width).to(device)
+    return batch

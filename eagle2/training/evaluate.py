@@ -48,25 +48,42 @@ def chain_mask(n_true: int, last_true: torch.Tensor, steps_done: int, dtype: tor
 
 
 @torch.no_grad()
-def head_chain(head, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
-    """(A, depth) tokens drafted greedily by an EAGLE head from each anchor."""
+def _feature_chain(head, inputs: torch.Tensor, to_token, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by a feature-level head from each anchor: it reads
+    ``inputs`` (the target features it consumes) along the true prefix, then its own outputs;
+    ``to_token`` turns an output into the drafted target token id."""
     device, dtype = head.fc.weight.device, head.fc.weight.dtype
-    tokens, feats = seq.tokens.to(device), seq.features.to(device, dtype)
+    tokens, feats = seq.tokens.to(device), inputs.to(device, dtype)
     n_true = len(tokens) - 1  # head position k holds the pair (t[k+1], f[k])
     anchor = torch.tensor(anchors, device=device)
     cache = new_cache(head)
     out = head(tokens[None, 1:], feats[None, :-1], position_ids=torch.arange(n_true, device=device)[None],
                attention_mask=causal_mask(n_true, 0, dtype, device), cache=cache)
     f_hat = out[0, anchor]
-    tok = proj(f_hat).argmax(-1)
+    tok = to_token(f_hat)
     drafts = [tok]
     for d in range(1, depth):
         out = head(tok[None], f_hat[None], position_ids=(anchor + d)[None],
                    attention_mask=chain_mask(n_true, anchor, d - 1, dtype), cache=cache)
         f_hat = out[0]
-        tok = proj(f_hat).argmax(-1)
+        tok = to_token(f_hat)
         drafts.append(tok)
     return torch.stack(drafts, dim=1)
+
+
+def head_chain(head, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by an EAGLE head (through the target's LM head ``proj``)."""
+    return _feature_chain(head, seq.features, lambda f: proj(f).argmax(-1), seq, anchors, depth)
+
+
+def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by an EAGLE-3 head (its own LM head, mapped to target ids)."""
+    readout, ids = head.drafting_lm_head(), head.draft_token_ids()
+
+    def to_token(f):
+        best = readout(f).argmax(-1)
+        return best if ids is None else ids.to(best.device)[best]
+    return _feature_chain(head, seq.layer_features, to_token, seq, anchors, depth)
 
 
 @torch.no_grad()
@@ -124,6 +141,20 @@ def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
     return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
 
 
+def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
+    """Teacher-forced top-1/top-4 (full-vocabulary argmax) and greedy-chain acceptance of an EAGLE-3 head."""
+    from eagle2.training.losses import eagle3_loss
+
+    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    head.eval()
+    tf = evaluate_loss(head, partial(eagle3_loss, proj=proj), seqs, device=head.fc.weight.device,
+                       **_tf_settings(cfg))
+    chain = chain_acceptance(partial(eagle3_chain, head), seqs, depth=cfg.depth, stride=cfg.stride,
+                             max_anchors_per_sequence=cfg.max_anchors_per_sequence)
+    return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
+
+
 def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 and greedy-chain acceptance of an SpS draft model on ``seqs``."""
     seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
@@ -140,9 +171,9 @@ def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
 def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: str, system_prompt: str | None,
                           max_new_tokens: int, batch_size: int = 16, limit: int | None = None,
                           benchmark: str = "mt_bench", benchmarks_dir: str | Path | None = None,
-                          stop_tokens=()) -> Path:
+                          stop_tokens=(), tap_layers=()) -> Path:
     """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
-    (resumable; reused when already complete)."""
+    (resumable; reused when already complete), with the ``tap_layers`` inputs when given."""
     from eagle2.data import benchmark_file, load_questions
     from eagle2.training.corpus import build_corpus
 
@@ -150,7 +181,8 @@ def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: s
     prompts = [q["turns"][0] for q in questions]
     return build_corpus(target, tokenizer, prompts, out_dir, template=template, system_prompt=system_prompt,
                         batch_size=batch_size, max_new_tokens=max_new_tokens, max_prompt_tokens=1 << 30,
-                        temperature=0.0, samples_per_prompt=1, seed=0, stop_tokens=stop_tokens)
+                        temperature=0.0, samples_per_prompt=1, seed=0, stop_tokens=stop_tokens,
+                        tap_layers=tap_layers)
 
 
 def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") -> Path:

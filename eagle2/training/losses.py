@@ -8,6 +8,9 @@ cross-entropy). Losses count only where ``f[i+1]`` is an answer position (``i+1 
 the prompt is context. The embedding and LM head are the target's, frozen. ``unroll > 1`` adds draft
 steps on the head's own predicted features, attending as drafting does (``unroll_mask``).
 
+EAGLE-3 head (``eagle3_loss``): no feature regression; the cross-entropy of its own draft-vocabulary
+distribution against the target's, restricted to that vocabulary, at every unrolled step.
+
 SpS draft model: a soft cross-entropy (KL up to a constant) of the draft's next-token distribution
 against the target's ``softmax(lm_head(f[j]))`` at the answer positions (optionally the prompt too).
 """
@@ -101,64 +104,140 @@ def unroll_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torc
     return additive_mask(torch.cat(parts, dim=1), dtype, device)
 
 
+def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer: torch.Tensor, unroll: int):
+    """The head's predictions at draft steps 1..``unroll`` over a batch: yields (step, pred, sel) with
+    ``pred`` (B, n_pos - step + 1, h) and ``sel`` the answer positions among them.
+
+    Step 1 reads ``(t[j+1], f_in[j])`` under causal attention. Step ``s`` ("training-time test") reads
+    ``(t[j+s], its own step s-1 prediction)`` at every position and attends as drafting does
+    (``unroll_mask``); its prediction at index i stands for position ``j = i + s - 1`` and is fitted to
+    the target at ``j + 1``. Tokens are the true ones (a chain is only worth anything while its tokens
+    are right)."""
+    b, n_pos = tokens.shape[0], tokens.shape[1] - 1
+    pos = torch.arange(n_pos, device=tokens.device)
+    cache = new_cache(head) if unroll > 1 else None
+    pred = head(tokens[:, 1:], f_in, position_ids=pos.expand(b, -1),
+                attention_mask=causal_mask(n_pos, 0, f_in.dtype, tokens.device), cache=cache)
+    for step in range(1, unroll + 1):
+        if step > 1:
+            if n_pos - step + 1 <= 0:
+                return
+            pred = head(tokens[:, step:], pred[:, :-1], position_ids=pos[step - 1:].expand(b, -1),
+                        attention_mask=unroll_mask(n_pos, step, f_in.dtype, tokens.device), cache=cache)
+        yield step, pred, answer[:, step - 1:]
+
+
+def _answer_positions(batch: dict) -> torch.Tensor:
+    """(B, L-1): head position j counts when ``f[j+1]`` is an answer position."""
+    valid, start = batch["valid"], batch["start"]
+    pos = torch.arange(valid.shape[1] - 1, device=valid.device)
+    return valid[:, 1:] & (pos[None] + 1 >= start[:, None])
+
+
+def _subsample(n: int, fraction: float, generator, device) -> torch.Tensor | None:
+    """A random ``fraction`` of ``n`` positions (None: all of them)."""
+    if fraction >= 1:
+        return None
+    return torch.randperm(n, generator=generator, device=device)[: max(1, round(n * fraction))]
+
+
+def _combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor):
+    if not step_losses:
+        return like.sum() * 0.0, {"loss": 0.0, "top1": 0.0, "n": 0}
+    total = sum(step_losses) / len(step_losses)
+    stats["loss"] = total.item()
+    stats.setdefault("n", 0)
+    return total, stats
+
+
 def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: float, w_reg: float,
               w_cls: float, unroll: int = 1, unroll_cls_fraction: float = 1.0,
               generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
     """EAGLE loss over a batch; returns (loss, stats). Noise only when ``train``; agreement stats
     (top-1, and top-4 when not training) only ``with_stats``.
 
-    ``unroll > 1`` adds the loss of draft steps 2..unroll ("training-time test"): step ``s`` reads
-    ``(t[j+1], its own predicted feature for f[j])`` at every position, attends as drafting does
-    (``unroll_mask``), and is fitted to ``f[j+1]`` like step 1. Tokens are the true ones (a chain
-    is only worth anything while its tokens are right). The steps' losses are averaged; ``top1``
-    stays step 1's, ``top1_s{s}`` is step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most
-    of the cost) of steps >= 2 may use a random ``unroll_cls_fraction`` of their positions when
-    training: an unbiased estimate at a fraction of the cost."""
-    tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
-    b, length = tokens.shape
-    n_pos = length - 1  # head position j reads (t[j+1], f[j]) and predicts f[j+1]
+    ``unroll > 1`` adds the loss of draft steps 2..unroll (``unrolled_predictions``), each fitted to
+    ``f[j+1]`` like step 1. The steps' losses are averaged; ``top1`` stays step 1's, ``top1_s{s}`` is
+    step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most of the cost) of steps >= 2 may
+    use a random ``unroll_cls_fraction`` of their positions when training: an unbiased estimate at a
+    fraction of the cost."""
+    feats = batch["features"]
     f_in = feats[:, :-1]
     if train and noise > 0:
         jitter = torch.rand(f_in.shape, generator=generator, device=f_in.device, dtype=f_in.dtype)
         f_in = f_in + (jitter * 2 - 1) * noise
-    pos = torch.arange(n_pos, device=tokens.device)
-    answer = valid[:, 1:] & (pos[None] + 1 >= start[:, None])
-    cache = new_cache(head) if unroll > 1 else None
-    pred = head(tokens[:, 1:], f_in, position_ids=pos.expand(b, -1),
-                attention_mask=causal_mask(n_pos, 0, f_in.dtype, tokens.device), cache=cache)
-    total, stats, steps = None, {}, 0
-    for step in range(1, unroll + 1):
-        if step > 1:
-            if n_pos - step + 1 <= 0:
-                break
-            p_pos = pos[step - 1:]
-            pred = head(tokens[:, step:], pred[:, :-1], position_ids=p_pos.expand(b, -1),
-                        attention_mask=unroll_mask(n_pos, step, f_in.dtype, tokens.device), cache=cache)
-        sel = answer[:, step - 1:]
+    losses, stats = [], {}
+    for step, pred, sel in unrolled_predictions(head, batch["tokens"], f_in, _answer_positions(batch), unroll):
         n = int(sel.sum())
         if n == 0:
             continue
         p, y = pred[sel], feats[:, step:][sel]
         reg = F.smooth_l1_loss(p, y)
-        p_cls, y_cls = p, y
-        if step > 1 and train and unroll_cls_fraction < 1:
-            pick = torch.randperm(n, generator=generator, device=p.device)[: max(1, round(n * unroll_cls_fraction))]
-            p_cls, y_cls = p[pick], y[pick]
+        pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
+        p_cls, y_cls = (p, y) if pick is None else (p[pick], y[pick])
         cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0)
-        loss = w_reg * reg + w_cls * cls
-        total = loss if total is None else total + loss
-        steps += 1
+        losses.append(w_reg * reg + w_cls * cls)
         if step == 1:
             step_stats.pop("entropy", None)
             stats.update(step_stats, reg=reg.item(), cls=cls.item(), n=n)
         elif "top1" in step_stats:
             stats[f"top1_s{step}"] = step_stats["top1"]
-    if total is None:
-        return pred.sum() * 0.0, {"loss": 0.0, "reg": 0.0, "cls": 0.0, "top1": 0.0, "n": 0}
-    total = total / steps
-    stats["loss"] = total.item()
-    stats.setdefault("n", 0)
-    return total, stats
+    return _combine(losses, stats, feats)
+
+
+def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
+                generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
+    """EAGLE-3 loss over a batch (tokens only, no feature regression): at every draft step, the
+    cross-entropy of the head's own draft-vocabulary distribution ``lm_head(norm(p))`` against the
+    target's next-token distribution restricted to the draft vocabulary, ``softmax(lm_head_T(f[j+1])[draft])``
+    (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
+    (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
+    may use a random ``unroll_cls_fraction`` of their positions when training. ``top1`` (step 1) is
+    agreement with the target's argmax over the FULL vocabulary when not training (a token outside the
+    draft vocabulary is a miss), over the draft vocabulary when training (cheaper)."""
+    if "layer_features" not in batch:
+        raise ValueError("an EAGLE-3 head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
+    feats = batch["features"]
+    ids = head.draft_token_ids()
+    draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
+    readout = head.drafting_lm_head()
+    losses, stats = [], {}
+    for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
+                                                _answer_positions(batch), unroll):
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        p, y = pred[sel], feats[:, step:][sel]
+        pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
+        if pick is not None:
+            p, y = p[pick], y[pick]
+        logp = torch.log_softmax(readout(p).float(), -1)
+        with torch.no_grad():
+            q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
+        ce = -(q * logp).sum(-1).mean()
+        losses.append(ce)
+        if with_stats:
+            step_stats = _eagle3_agreement(logp.detach(), q, y, proj, ids, full=not train)
+            if step == 1:
+                stats.update(step_stats, cls=ce.item(), n=n)
+            else:
+                stats[f"top1_s{step}"] = step_stats["top1"]
+        elif step == 1:
+            stats["n"] = n
+    return _combine(losses, stats, feats)
+
+
+@torch.no_grad()
+def _eagle3_agreement(logp: torch.Tensor, q: torch.Tensor, y: torch.Tensor, proj: LossProjection,
+                      ids: torch.Tensor | None, full: bool) -> dict:
+    """top-1 (and top-4 when ``full``) agreement of the draft with the target's argmax."""
+    if not full:
+        return {"top1": (logp.argmax(-1) == q.argmax(-1)).float().mean().item()}
+    want = proj(y).argmax(-1)  # over the full vocabulary
+    top = logp.topk(4, dim=-1).indices
+    drafted = top if ids is None else ids.to(top.device)[top]
+    return {"top1": (drafted[:, 0] == want).float().mean().item(),
+            "top4": (drafted == want[:, None]).any(-1).float().mean().item()}
 
 
 def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,

@@ -1,9 +1,12 @@
-"""The models being trained: a fresh EAGLE head for a target, and what of a trained module is stored."""
+"""The models being trained: a fresh EAGLE or EAGLE-3 head for a target, and what of a trained module is
+stored."""
 
 from __future__ import annotations
 
 import torch
 
+from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target
+from eagle2.features import eagle3_layers
 from eagle2.head import EagleHead, head_config_from_target
 
 SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # the target's, never stored with a drafter
@@ -32,7 +35,26 @@ def new_head(target, init_from_target: bool = False, num_layers: int = 1) -> Eag
 
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in module.state_dict().items() if k not in SHARED_KEYS and "rotary" not in k}
+    """What a checkpoint stores: everything but rotary buffers and the target's shared weights (a module
+    with its own LM head, such as an EAGLE-3 head, says so with ``shared_keys = ()``)."""
+    shared = getattr(module, "shared_keys", SHARED_KEYS)
+    return {k: v for k, v in module.state_dict().items() if k not in shared and "rotary" not in k}
+
+
+def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
+    """A fresh fp32 EAGLE-3 head for ``target`` drafting over the target tokens ``draft_ids``: random
+    ``fc`` and layer, its ``norm`` and ``lm_head`` started from the target's final norm and the target's
+    LM-head rows of those tokens (the head then begins as the target's own read-out)."""
+    L = target.config.num_hidden_layers
+    head = Eagle3Head(eagle3_config_from_target(target.config, len(torch.unique(draft_ids))), eagle3_layers(L))
+    head.set_draft_vocabulary(draft_ids)
+    with torch.no_grad():
+        head.norm.weight.copy_(target.base_model.norm.weight)
+        ids = head.draft_token_ids()
+        weight = target.get_output_embeddings().weight
+        head.lm_head.weight.copy_(weight if ids is None else weight[ids.to(weight.device)])
+    head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, torch.float32)
 
 
 def export_dtype(module: torch.nn.Module, max_mb: float) -> torch.dtype:

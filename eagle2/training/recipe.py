@@ -1,5 +1,5 @@
-"""The stages of ``train_head.py`` (corpus | head | draft | eval, or all of them in that order), each
-reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
+"""The stages of ``train_head.py`` (corpus | head | eagle3 | draft | eval, or all of them in that order),
+each reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from eagle2.training.models import export_dtype
-from eagle2.training.train import train_draft, train_head
+from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
-STAGES = ("corpus", "head", "draft", "eval")
+STAGES = ("corpus", "head", "eagle3", "draft", "eval")
+EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 
 
 def stages_of(stage: str) -> tuple[str, ...]:
@@ -89,6 +90,23 @@ def head_stage(target, cfg, root: Path) -> Path | None:
     return folder
 
 
+def eagle3_stage(target, cfg, root: Path) -> Path | None:
+    """Train the EAGLE-3 head (``train.eagle3``) and export it (official layout) to ``train.export.eagle3_head``."""
+    from eagle2.eagle3_head import save_eagle3_head
+
+    ecfg = cfg.train.eagle3
+    head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
+                                      stop_after=ecfg.stop_after)
+    if summary["stopped"]:
+        return None
+    max_mb = cfg.train.export.eagle3_head_max_mb
+    dtype = export_dtype(head, max_mb)
+    folder = save_eagle3_head(head, root / cfg.train.export.eagle3_head, dtype=dtype)
+    _check_size(folder, max_mb)
+    _write_training_card(folder, "eagle3", cfg, summary, dtype)
+    return folder
+
+
 def draft_stage(target, cfg, root: Path) -> Path | None:
     """Train the SpS draft model and export it (no embedding / LM head) to ``train.export.draft``."""
     from eagle2.draft_model import save_draft_model
@@ -112,24 +130,29 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     from eagle2.draft_model import load_draft_model
     from eagle2.head import load_head
     from eagle2.training.data import all_sequences, load_sequences, split_shards
-    from eagle2.training.evaluate import build_mtbench_heldout, evaluate_draft, evaluate_head, write_eval_json
+    from eagle2.eagle3_head import load_eagle3_head
+    from eagle2.training.evaluate import (build_mtbench_heldout, evaluate_draft, evaluate_eagle3_head, evaluate_head,
+                                          write_eval_json)
 
     ev, export = cfg.train.eval, cfg.train.export
     kinds = tuple(kinds or ev.kinds)
-    if any(k not in ("head", "draft") for k in kinds):
-        raise ValueError(f"train.eval.kinds must list head and/or draft, not {list(kinds)}")
+    if any(k not in EVAL_KINDS for k in kinds):
+        raise ValueError(f"train.eval.kinds must list some of {', '.join(EVAL_KINDS)}, not {list(kinds)}")
     _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.val_fraction)
     mt = ev.mtbench
     mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,
                                    system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
-                                   batch_size=mt.batch_size, limit=mt.limit, stop_tokens=cfg.train.corpus.stop_tokens)
+                                   batch_size=mt.batch_size, limit=mt.limit, stop_tokens=cfg.train.corpus.stop_tokens,
+                                   tap_layers=corpus_tap_layers(target, cfg.train.corpus.get("tap_layers")))
     sets = {"mt_bench": all_sequences(mt_dir), "alpaca_heldout": load_sequences(val_paths)}
     settings = OmegaConf.to_container(ev)
     results = {}
     for kind in kinds:
-        folder = root / (export.head if kind == "head" else export.draft)
+        folder = root / export[EVAL_KINDS[kind]]
         if kind == "head":
             model, fn = load_head(folder, target), evaluate_head
+        elif kind == "eagle3":
+            model, fn = load_eagle3_head(folder, target), evaluate_eagle3_head
         else:
             model, fn = load_draft_model(str(folder), target), evaluate_draft
         metrics = {"target": cfg.model.name, "artifact": str(folder), "settings": settings}
@@ -150,6 +173,8 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
         print(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}", flush=True)
     if "head" in stages:
         print(f"[train_head] head exported to {head_stage(target, cfg, root)}", flush=True)
+    if "eagle3" in stages:
+        print(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, cfg, root)}", flush=True)
     if "draft" in stages:
         print(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}", flush=True)
     if "eval" in stages:

@@ -52,6 +52,46 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     return head.eval(), summary
 
 
+def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> torch.Tensor:
+    """``size`` target token ids for an EAGLE-3 draft vocabulary: the most frequent in the corpus
+    answers, then (if the answers use fewer) the lowest unused ids, so the size is always ``size``."""
+    from eagle2.training.corpus import tokens_by_frequency
+
+    size = min(int(size), vocab_size)
+    seen = tokens_by_frequency(corpus_dir, limit=size)
+    if len(seen) < size:
+        unused = torch.ones(vocab_size, dtype=torch.bool)
+        unused[seen] = False
+        seen = torch.cat([seen, unused.nonzero()[:, 0][: size - len(seen)]])
+    return seen
+
+
+def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
+    """Train an EAGLE-3 head (``eagle2.eagle3_head``) on a corpus with the tapped layers recorded:
+    draft vocabulary by answer-token frequency (``cfg.draft_vocab_size``), ``cfg.unroll`` steps of
+    training-time test. A ``cfg.init_from`` head (official layout) is continued, vocabulary included."""
+    from eagle2.training.losses import eagle3_loss
+    from eagle2.training.models import new_eagle3_head
+
+    torch.manual_seed(cfg.seed)
+    target.requires_grad_(False)
+    train_seqs, val_seqs = _sequences(corpus_dir, cfg)
+    if cfg.init_from:
+        from eagle2.eagle3_head import load_eagle3_head
+
+        head = load_eagle3_head(cfg.init_from, target).float().requires_grad_(True)
+    else:
+        head = new_eagle3_head(target, draft_vocabulary_ids(corpus_dir, cfg.draft_vocab_size,
+                                                            target.config.vocab_size))
+    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
+    unroll = int(cfg.unroll)
+    loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction))
+    extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
+             "draft_vocab_size": head.draft_vocab_size}
+    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
+    return head.eval(), summary
+
+
 def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
     """Train an SpS draft model (``eagle2.draft_model``) on ``corpus_dir``."""
     from eagle2.draft_model import build_draft_model
