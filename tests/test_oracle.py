@@ -98,7 +98,7 @@ def _row(method: str, settings: dict, qid: int, lengths: list[int], temperature:
 
 def test_report_shows_oracle_efficiency_at_the_matching_depth(tmp_path):
     from analysis.metrics import load_rows, oracle_efficiency
-    from analysis.report import build_report
+    from analysis.tables import oracle_markdown, table1_frame
 
     rows = [_row("plain", {}, q, [1] * 8) for q in (1, 2)]
     rows += [_row("oracle", {"depth": 3}, q, [4, 4]) for q in (1, 2)]
@@ -107,12 +107,12 @@ def test_report_shows_oracle_efficiency_at_the_matching_depth(tmp_path):
     rows += [_row("eagle", {"choices": [[0], [0, 0, 0, 0]]}, 1, [2, 2, 4])]  # depth 4: the depth-5 oracle
     rows += [_row("pld", {"k": 3}, 1, [8], temperature=1.0)]  # T > 0: no efficiency
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    eff = oracle_efficiency(load_rows(tmp_path)).set_index("method")
+    frame = load_rows(tmp_path)
+    efficiency = oracle_efficiency(frame)
+    eff = efficiency.set_index("method")
     assert set(eff.index) == {"pld", "eagle"}
     assert eff.loc["pld", "oracle_depth"] == 3 and eff.loc["pld", "efficiency"] == pytest.approx(0.5)
     assert eff.loc["eagle", "oracle_depth"] == 5 and eff.loc["eagle", "turns"] == 1
     assert eff.loc["eagle", "efficiency"] == pytest.approx((8 / 3) / 4)
-    build_report(tmp_path, tmp_path / "report")
-    text = (tmp_path / "report" / "oracle_efficiency.md").read_text()
-    assert "2.00 / 4.00 = 0.50" in text
-    assert "oracle" not in (tmp_path / "report" / "table1.md").read_text()  # a ceiling, not a Table 1 row
+    assert "2.00 / 4.00 = 0.50" in oracle_markdown(efficiency)
+    assert set(table1_frame(frame)[0].method) == {"pld", "eagle"}  # the oracle is a ceiling, not a Table 1 row
