@@ -1,7 +1,7 @@
 """Random checkpoints written the way the real ones are published, for the zoo smoke tests and the
 head-format tests: targets with a GPU model config's shapes (``eagle2.shapes``) and a byte-level
 tokenizer with that family's vocabulary size and special tokens, EAGLE-1/2 heads in the authors'
-format and variants, SpS drafts as full causal-LM checkpoints (like ``double7/vicuna-68m``).
+format and variants, EAGLE-3 heads in the official layout, SpS drafts as full causal-LM checkpoints (like ``double7/vicuna-68m``).
 
 ``WEIGHT_WRITERS`` maps a drafter-weight kind (a model-config key that a ``conf/method`` YAML lists
 under ``weights``) to its random-checkpoint writer ``(folder, target_config, seed) -> folder``. A method
@@ -166,10 +166,44 @@ def write_medusa_head(folder: Path, target_config: LlamaConfig, seed: int = 3, *
     return folder
 
 
+def write_eagle3_head(folder: Path, target_config: LlamaConfig, seed: int = 4, *, fmt: str = "bin") -> Path:
+    """An EAGLE-3 head in the official layout (as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: fp16
+    ``pytorch_model.bin``, a draft vocabulary of a quarter of the target's with ``d2t``/``t2d``, no
+    embedding). A target shallower than 4 layers (a zoo proxy) gets its fused layers named in
+    ``eagle_config`` (0, L//2, L-1), as later official configs can name them."""
+    from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target, save_eagle3_head
+
+    layers = target_config.num_hidden_layers
+    fused = None if layers >= 4 else (0, layers // 2, layers - 1)
+    gen = torch.Generator().manual_seed(seed)
+    draft = max(target_config.vocab_size // 4, 1)
+    with torch.device("meta"):
+        head = Eagle3Head(eagle3_config_from_target(target_config, draft), fused or (2, layers // 2, layers - 3))
+    head = head.to_empty(device="cpu")
+    weights = {k: (torch.ones(v.shape) if k.endswith("norm.weight") else _random(v.shape, gen))
+               for k, v in head.state_dict().items() if v.is_floating_point() and "rotary" not in k}
+    head.load_state_dict(weights, strict=False)
+    head.rotary_emb.__init__(head.config)  # computed buffers, never stored
+    head.set_draft_vocabulary(torch.randperm(target_config.vocab_size, generator=gen)[:draft])
+    save_eagle3_head(head, folder, dtype=torch.float16)
+    if fmt == "bin":
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+        (folder / "model.safetensors").unlink()
+        torch.save(state, folder / "pytorch_model.bin")
+    if fused is None:  # the published configs do not name the layers when they are the default
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("eagle_config")
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder
     "head": write_published_head,
     "sps_draft": write_full_draft,
     "medusa_head": write_medusa_head,
+    "eagle3_head": write_eagle3_head,
 }
 
 
