@@ -1,4 +1,4 @@
-"""The stages of ``train_head.py`` (corpus | head | eagle3 | draft | eval, or all of them in that order),
+"""The stages of ``train_head.py`` (corpus | head | eagle3 | draft | medusa | eval, or all of them in that order),
 each reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
-STAGES = ("corpus", "head", "eagle3", "draft", "eval")
+STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 
 
@@ -177,5 +177,9 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
         print(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, cfg, root)}", flush=True)
     if "draft" in stages:
         print(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}", flush=True)
+    if "medusa" in stages:  # trains, exports and evaluates (eagle2/training/medusa.py)
+        from eagle2.training.medusa import medusa_stage
+
+        print(f"[train_head] Medusa heads exported to {medusa_stage(target, tokenizer, cfg, root)}", flush=True)
     if "eval" in stages:
         eval_stage(target, tokenizer, cfg, root)
