@@ -68,7 +68,9 @@ class TorchDraws:
     def accept(self, numerator: float, denominator: float = 1.0) -> bool:
         # the uniform is drawn even when denominator <= 0 (one draw per coin, whatever the outcome);
         # with the default denominator 1.0, u * 1.0 == u exactly: the test is u < numerator
-        u = float(torch.rand((), generator=self.generator))
+        # drawn on the generator's device (a CUDA generator cannot make a CPU tensor); CPU: the call it always was
+        device = self.generator.device if self.generator is not None else None
+        u = float(torch.rand((), generator=self.generator, device=device))
         return denominator > 0 and u * denominator < numerator
 
     def categorical(self, probs: torch.Tensor) -> int:

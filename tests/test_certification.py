@@ -7,6 +7,8 @@ advance: pass when p > 1e-3). Negative controls â€” deliberately broken rules â€
 same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic`` alone with
 far more samples. Sampling cannot see a small bias: ``test_certification_exact.py`` enumerates one
 round exactly (same models and methods); this file stays the end-to-end check over several rounds.
+The per-method check also runs on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py),
+against the exact distribution of the target in that dtype on that device.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams, probabilities
 from eagle2.tree import DraftTree
 from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
+from tests.devices import device_params, on
 
 VOCAB, PROMPT, N_TOKENS = 8, [2, 5, 3], 3
 PASS_P, REJECT_P = 1e-3, 1e-6
@@ -50,14 +53,20 @@ def models():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module", params=device_params())
+def models_on(models, request):
+    """The certification models on a device and dtype (cpu/fp32: ``models`` themselves)."""
+    return on(request.param, *models)
+
+
 @torch.no_grad()
 def exact_distribution(target, params: SamplingParams) -> torch.Tensor:
-    """P(x0, x1, x2 | PROMPT) over all VOCAB**3 outcomes, flattened."""
+    """P(x0, x1, x2 | PROMPT) over all VOCAB**3 outcomes, flattened (on the CPU, float32)."""
     joint = torch.ones(1)
     prefixes = [[]]
     for _ in range(N_TOKENS):
-        ids = torch.tensor([PROMPT + p for p in prefixes])
-        probs = probabilities(target(ids).logits[:, -1], params)  # (len(prefixes), V)
+        ids = torch.tensor([PROMPT + p for p in prefixes], device=target.device)
+        probs = probabilities(target(ids).logits[:, -1], params).cpu()  # (len(prefixes), V)
         joint = (joint[:, None] * probs).reshape(-1)
         prefixes = [p + [v] for p in prefixes for v in range(VOCAB)]
     return joint
@@ -65,7 +74,7 @@ def exact_distribution(target, params: SamplingParams) -> torch.Tensor:
 
 def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, head=None) -> torch.Tensor:
     counts = torch.zeros(VOCAB**N_TOKENS)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=target.device).manual_seed(seed)
     cfg = OmegaConf.create(method)
     for _ in range(n):
         drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft)
@@ -93,8 +102,8 @@ PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
 
 @pytest.mark.parametrize("name", list(METHODS))
 @pytest.mark.parametrize("params", PARAMS, ids=["T1", "T0.7-p0.9-k6"])
-def test_method_matches_target_distribution(models, name, params):
-    target, draft, head = models
+def test_method_matches_target_distribution(models_on, name, params):
+    target, draft, head = models_on
     counts = sample_counts(target, METHODS[name], params, 2500, seed=11, draft=draft, head=head)
     assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
 

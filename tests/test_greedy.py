@@ -1,5 +1,6 @@
 """Greedy losslessness: every method's output is token-identical to plain decoding (fp32), and
-plain decoding is token-identical to transformers' generate()."""
+plain decoding is token-identical to transformers' generate(). The tiny-model identity tests also run
+on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py), judged there by the identity audit."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams
 from eagle2.tree import DraftTree
 from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
+from tests.devices import assert_greedy_lossless, device_params, on
 
 GREEDY = SamplingParams()
 SPEC_METHODS = {
@@ -36,19 +38,25 @@ def tiny():
     return target, tiny_llama(vocab=16, layers=1, seed=1, scale=10.0), tiny_head(target, seed=2)
 
 
-def test_plain_equals_generate_on_tiny_llama(tiny):
-    target = tiny[0]
+@pytest.fixture(scope="module", params=device_params())
+def tiny_on(tiny, request):
+    """(device and dtype, fp32 target, the tiny models on that device and dtype)."""
+    return request.param, tiny[0], on(request.param, *tiny)
+
+
+def test_plain_equals_generate_on_tiny_llama(tiny_on):
+    (device, dtype), target32, (target, _, _) = tiny_on
     for prompt in PROMPTS:
         ours = decode(target, {"name": "plain"}, prompt, 30).output_ids
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, len(prompt):].tolist()
-        assert ours == ref
+        ref = target.generate(torch.tensor([prompt], device=device), max_new_tokens=30, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert_greedy_lossless(target32, dtype, prompt, ours, ref)
 
 
 @pytest.mark.parametrize("name", list(SPEC_METHODS))
 @pytest.mark.parametrize("draft_kind", ["random", "self"])
-def test_speculative_equals_plain_on_tiny(tiny, name, draft_kind):
-    target, draft, head = tiny
+def test_speculative_equals_plain_on_tiny(tiny_on, name, draft_kind):
+    (device, dtype), target32, (target, draft, head) = tiny_on
     if draft_kind == "self":  # drafts that are mostly right: the target as its own SpS draft
         if name != "sps":
             pytest.skip("a head cannot be the target")
@@ -57,7 +65,7 @@ def test_speculative_equals_plain_on_tiny(tiny, name, draft_kind):
     for prompt in PROMPTS:
         ref = decode(target, {"name": "plain"}, prompt, 40).output_ids
         out = decode(target, SPEC_METHODS[name], prompt, 40, head=head, draft=draft)
-        assert out.output_ids == ref
+        assert_greedy_lossless(target32, dtype, prompt, out.output_ids, ref)
         accepted += sum(out.accept_lengths) - out.target_forwards
     if draft_kind == "self":
         assert accepted > 60  # the accept-all regime was really exercised
