@@ -8,7 +8,7 @@ RESULTS ?= results
 REPORT ?= report
 DTYPE ?= bfloat16
 
-.PHONY: help install demo test test-slow lint bench-plain bench-sps audit bench-table report train ablation clean
+.PHONY: help install demo test test-slow lint bench-plain bench-sps audit bench-table report train ablation gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (t
 
 bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2 (bf16; DTYPE=float32 for exact)
 	$(PY) -m experiments.bench_sps_vs_assisted --dtype $(DTYPE)
+
+gpu-check: install  ## GPU readiness (~8 min, no hub): CUDA tests, SmolLM2 four methods + identity audit, verify-cost curves; CPU half without CUDA
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m experiments.gpu_check --out $(RESULTS)/gpu_check
 
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0
 	$(PY) -m eagle2.identity $(RESULTS)

@@ -22,6 +22,10 @@ _LLAMA3 = {"vocab_size": 128256, "bos_token_id": 128000, "eos_token_id": 128009,
            "hidden_act": "silu", "tie_word_embeddings": False, "max_position_embeddings": 8192,
            "rms_norm_eps": 1e-5}
 
+_LLAMA31 = {**_LLAMA3, "max_position_embeddings": 131072,  # Llama 3.1 / 3.3: 128k context, llama3 RoPE scaling
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192}}
+
 
 def _shape(hidden, intermediate, heads, kv_heads, layers, **rest) -> dict:
     return {"hidden_size": hidden, "intermediate_size": intermediate, "num_attention_heads": heads,
@@ -36,6 +40,8 @@ PUBLISHED: dict[str, dict] = {  # model-config name -> its target's config.json 
     "llama2chat70b": _shape(8192, 28672, 64, 8, 80, **_LLAMA2, max_position_embeddings=4096, rms_norm_eps=1e-5),
     "llama3_8b": _shape(4096, 14336, 32, 8, 32, **_LLAMA3),
     "llama3_70b": _shape(8192, 28672, 64, 8, 80, **_LLAMA3),
+    "llama31_8b": _shape(4096, 14336, 32, 8, 32, **_LLAMA31),
+    "llama33_70b": _shape(8192, 28672, 64, 8, 80, **_LLAMA31),
 }
 
 
@@ -61,8 +67,8 @@ def random_llama(config: LlamaConfig, device="cpu", dtype=torch.float32, seed: i
     """A ``LlamaForCausalLM`` with random weights of standard deviation ``std`` (uniform: the fastest draw
     on a CPU; norms 1), built on ``device`` in one pass."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaForCausalLM(config).to(dtype)
+    model = model.to_empty(device=device)  # allocated once, in the target dtype
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):

@@ -14,6 +14,12 @@ os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(int(os.environ.get("EAGLE2_TEST_THREADS", min(2, torch.get_num_threads()))))
 
 
+def pytest_configure(config):
+    # registered here, not in pyproject.toml: editing that file makes `make` reinstall the environment
+    config.addinivalue_line("markers", "gpu: identity and certification cases in fp16/bf16 on a CUDA device "
+                            "(tests/devices.py); run with -m gpu")
+
+
 # cost profiles measured by tests (method total_tokens=auto) go here, not to ~/.cache
 PROFILE_DIR = tempfile.mkdtemp(prefix="eagle2-test-profiles-")
 

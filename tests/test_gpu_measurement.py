@@ -130,3 +130,18 @@ def test_eagle2_rows_record_both_budget_forms(tmp_path, smollm2):
     # their total_token 9 = the tokens verified per round: 8 drafted nodes + the root
     assert max(row["rounds"]["tree_size"]) == 9
 
+
+
+def test_sampling_coins_are_drawn_on_the_generators_device(monkeypatch):
+    """A CUDA generator cannot draw a CPU tensor: the coin of ``TorchDraws.accept`` is drawn on the
+    generator's device (seen here through a stand-in generator; the gpu-marked tests run it for real)."""
+    from types import SimpleNamespace
+
+    from eagle2.sampling import TorchDraws
+
+    seen = []
+    monkeypatch.setattr(torch, "rand", lambda *shape, generator=None, device=None: seen.append(device) or
+                        torch.zeros(()))
+    TorchDraws(SimpleNamespace(device=torch.device("cuda", 0))).accept(0.5)
+    TorchDraws(None).accept(0.5)
+    assert seen == [torch.device("cuda", 0), None]
