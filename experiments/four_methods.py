@@ -1,6 +1,6 @@
 """The four-method CPU table: plain, sps, eagle, eagle2 (and eagle2 with the cost-model budget,
 ``eagle2_auto``) on SmolLM2, side by side in one run, at one or more temperatures; also any other method
-by name (``pld``, ``eagle2_lookup`` = EAGLE-2 with its lookup branch, ``medusa``, ...) and the oracle
+by name (``pld``, ``medusa``, ...), ``eagle2_lookup`` (EAGLE-2 with its lookup branch) and the oracle
 (``oracle`` or ``oracleN``, depth N: list it after plain, whose temperature-0 rows it reads from the same
 results folder; its tau is the ceiling, its speed is no method's).
 
@@ -33,7 +33,8 @@ from eagle2.runner import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"],  # name -> overrides
-            "eagle2_fixed8": ["method=eagle2", "method.total_tokens=8"]}
+            "eagle2_fixed8": ["method=eagle2", "method.total_tokens=8"],
+            "eagle2_lookup": ["method=eagle2", "method.lookup_branch=true"]}
 
 
 def method_overrides(method: str) -> list[str]:
