@@ -21,8 +21,12 @@ from eagle2.training.models import new_head
 
 
 def _dtype(name: str) -> torch.dtype:
-    from eagle2.models import resolve_dtype
+    """A loss dtype setting; ``auto`` is bf16 where the CPU multiplies bf16 natively (~2.5x faster
+    there) and fp32 elsewhere (on an AVX2-only CPU a bf16 LM-head matmul is many times slower)."""
+    from eagle2.models import cpu_has_native_bf16, resolve_dtype
 
+    if name == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     return resolve_dtype(name)
 
 
