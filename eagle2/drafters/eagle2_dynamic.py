@@ -105,15 +105,19 @@ def merge_chain(chain: list[int], columns: tuple, order: torch.Tensor, budget: i
     n = tokens.shape[0]
     where = {(p, t): i for i, (p, t) in enumerate(zip(parents.tolist(), tokens.tolist()))}
     forced, new_tokens, new_parents, new_depth = [], [], [], []
+
+    def depth_of(node: int) -> int:  # -1 the root, < n a drafted node, else a new one
+        return 0 if node < 0 else int(depth[node]) if node < n else new_depth[node - n]
+
     parent = -1
     for token in chain[:budget]:
-        if not new_tokens and (parent, token) in where:
+        if not new_tokens and (parent, token) in where:  # the head drafted it too: reuse that node
             parent = where[parent, token]
             forced.append(parent)
             continue
         new_tokens.append(token)
         new_parents.append(parent)
-        new_depth.append(1 if parent < 0 else int(depth[parent]) + 1 if parent < n else new_depth[-1] + 1)
+        new_depth.append(depth_of(parent) + 1)
         parent = n + len(new_tokens) - 1
     taken = set(forced)
     rest = [i for i in order.tolist() if i not in taken][: budget - len(forced) - len(new_tokens)]
