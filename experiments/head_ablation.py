@@ -1,4 +1,5 @@
-"""Head-training ablation on SmolLM2: train one EAGLE head per lever on the same corpus, then tabulate.
+"""Head-training ablation on SmolLM2: train one EAGLE (or EAGLE-3) head per lever on the same corpus, then
+tabulate.
 
     python -m experiments.head_ablation run base unroll3 --steps 300      # train + evaluate (resumable)
     python -m experiments.head_ablation table                              # markdown table of all finished
@@ -27,33 +28,49 @@ ROOT = Path(__file__).resolve().parent.parent
 SELF_CORPUS = "artifacts/work/smollm2/corpus"
 DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
 
-VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "base": ("random init, 1 step, target's greedy answers", []),
-    "half_data": ("half the training conversations (evenly spaced)", ["train.head.max_train_sequences=624"]),
+ALPACA = ["train.corpus.prompts=[data/train/alpaca_5000.json]", "train.corpus.tap_layers=null"]  # the first corpus
+OLD = [*ALPACA, "train.corpus.out_dir=artifacts/work/smollm2/corpus_alpaca"]  # where its variants now find it
+
+VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # name -> (lever, overrides[, kind])
+    # on the first corpus (Alpaca prompts only; --batches 40 of it)
+    "base": ("random init, 1 step, target's greedy answers", [*OLD]),
+    "half_data": ("half the training conversations (evenly spaced)", [*OLD, "train.head.max_train_sequences=624"]),
     "dataset_answers": ("Alpaca's own answers (teacher-forced) instead of the target's",
-                        ["train.corpus.responses=dataset", f"train.corpus.out_dir={DATASET_CORPUS}"]),
+                        [*ALPACA, "train.corpus.responses=dataset", f"train.corpus.out_dir={DATASET_CORPUS}"]),
     "init_target": ("layer initialised from the target's last layer, fc = [0 | I]",
-                    ["train.head.init_from_target=true"]),
-    "unroll2": ("training-time test: 2 draft steps on own features", ["train.head.unroll=2"]),
-    "unroll3": ("training-time test: 3 draft steps on own features", ["train.head.unroll=3"]),
-    "two_layers": ("2 decoder layers (format extension)", ["train.head.num_layers=2"]),
+                    [*OLD, "train.head.init_from_target=true"]),
+    "unroll2": ("training-time test: 2 draft steps on own features", [*OLD, "train.head.unroll=2"]),
+    "unroll3": ("training-time test: 3 draft steps on own features", [*OLD, "train.head.unroll=3"]),
+    "two_layers": ("2 decoder layers (format extension)", [*OLD, "train.head.num_layers=2"]),
     "prev_unroll3": ("the previous head continued with unroll 3 (lr 3e-4)",
-                     ["train.head.init_from=artifacts/work/prev_head", "train.head.unroll=3", "train.head.lr=3e-4"]),
+                     [*OLD, "train.head.init_from=artifacts/work/prev_head", "train.head.unroll=3",
+                      "train.head.lr=3e-4"]),
+    # EAGLE-2 vs EAGLE-3 heads at equal data (the mixed corpus) and equal steps; kind eagle3 = train_head.py stage=eagle3
+    # on the mixed chat/math/code corpus (conf/train/smollm2.yaml's; all its shards so far)
+    "mix_eagle2": ("EAGLE-2 head, mixed corpus, unroll 3", ["train.head.unroll=3", "train.head.unroll_cls_fraction=0.5"]),
+    "mix_eagle3": ("EAGLE-3 head, mixed corpus, unroll 3 (training-time test)", [], "eagle3"),
+    "mix_eagle3_unroll1": ("EAGLE-3 head, mixed corpus, no training-time test", ["train.eagle3.unroll=1"], "eagle3"),
 }
+STAGE_OF = {"head": ("head", "head"), "eagle3": ("eagle3", "eagle3_head")}  # kind -> (train section, export key)
+
+
+def variant_kind(name: str) -> str:
+    return VARIANTS[name][2] if len(VARIANTS[name]) > 2 else "head"
 
 
 def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: int) -> list[str]:
-    folder = root / name
-    return [f"threads={threads}", f"train.corpus.max_batches={batches}", f"train.head.max_steps={steps}",
-            f"train.head.out_dir={folder / 'run'}", f"train.export.head={folder / 'head'}",
-            "train.eval.kinds=[head]", *VARIANTS[name][1]]
+    folder, kind = root / name, variant_kind(name)
+    section, export = STAGE_OF[kind]
+    return [f"threads={threads}", f"train.corpus.max_batches={batches}", f"train.{section}.max_steps={steps}",
+            f"train.{section}.out_dir={folder / 'run'}", f"train.export.{export}={folder / 'head'}",
+            f"train.eval.kinds=[{kind}]", *VARIANTS[name][1]]
 
 
 def run_variant(name: str, root: Path, steps: int, batches: int, threads: int) -> None:
     over = variant_overrides(name, root, steps, batches, threads)
     # the eval stage always measures on the self-distilled corpus' held-out shards and on MT-bench
     eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=")]
-    stages = (["corpus"] if any(o.startswith("train.corpus.responses=") for o in over) else []) + ["head"]
+    stages = (["corpus"] if any(o.startswith("train.corpus.responses=") for o in over) else []) + [variant_kind(name)]
     commands = [[sys.executable, "train_head.py", f"stage={s}", *over] for s in stages]
     commands.append([sys.executable, "train_head.py", "stage=eval", *eval_over])
     folder = root / name
@@ -73,7 +90,8 @@ def _row(name: str, note: str, eval_json: Path, timing: dict) -> str:
     ev = json.loads(eval_json.read_text())
     mt, al = ev["mt_bench"], ev["alpaca_heldout"]
     acc = " ".join(f"{p:.3f}" for p in mt["chain"]["accept_ge"].values())
-    minutes = f"{timing['head'] / 60:.0f}" if "head" in timing else "-"
+    trained = timing.get("head", timing.get("eagle3"))
+    minutes = f"{trained / 60:.0f}" if trained else "-"
     return (f"| {name} | {note} | {mt['teacher_forced']['top1']:.3f} | {mt['teacher_forced']['top4']:.3f} | "
             f"{acc} | {mt['chain']['tau']:.2f} | {al['teacher_forced']['top1']:.3f} | {al['chain']['tau']:.2f} | "
             f"{minutes} |")
@@ -85,7 +103,7 @@ def table(root: Path) -> str:
     if (root / "previous_head" / "eval.json").exists():
         lines.append(_row("previous_head", "the head shipped before (700 steps, 78 batches)",
                           root / "previous_head" / "eval.json", {}))
-    for name, (note, _) in VARIANTS.items():
+    for name, (note, *_) in VARIANTS.items():
         ev = next((f for f in (root / name / "head" / "eval.json", root / name / "eval.json") if f.exists()), None)
         if ev is None:
             continue
