@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 
 import pytest
 import torch
@@ -44,6 +45,33 @@ def tiny_head(target, seed: int = 0):
     return EagleHead(head_config_from_target(target.config)).attach_embedding(target.get_input_embeddings()).eval()
 
 
+_EAGLE3_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None):
+    """A random EAGLE-3 head for ``target`` on its device and dtype. A target shallower than 4 layers
+    fuses layers (0, L//2, L-1); a reduced draft vocabulary takes a random subset of the tokens."""
+    from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target
+    from eagle2.features import eagle3_layers
+
+    layers = target.config.num_hidden_layers
+    fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
+    vocab = target.config.vocab_size
+    torch.manual_seed(seed)
+    head = Eagle3Head(eagle3_config_from_target(target.config, draft_vocab_size or vocab), fused)
+    if draft_vocab_size and draft_vocab_size < vocab:
+        head.set_draft_vocabulary(torch.randperm(vocab)[:draft_vocab_size])
+    head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, target.dtype).eval()
+
+
+def shared_eagle3_head(target):
+    """One random EAGLE-3 head per target object (tests that build thousands of drafters reuse it)."""
+    if target not in _EAGLE3_HEADS:
+        _EAGLE3_HEADS[target] = tiny_eagle3_head(target, seed=5)
+    return _EAGLE3_HEADS[target]
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from omegaconf import OmegaConf
@@ -51,3 +79,19 @@ def smollm2():
     from eagle2.models import load_target
 
     return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
+
+
+@pytest.fixture
+def synthetic_cost_profile(monkeypatch):
+    """``total_tokens=auto`` budgets from a fixed cost profile (verify 1 + 0.05 q, draft 0.1 per depth)
+    instead of timings measured on this (shared, noisy) machine: certification results must not depend
+    on the machine's load. The measured path has its own tests (test_cost_budget)."""
+    import eagle2.cost_profile as cost_profile
+    from eagle2.budget import CostProfile
+
+    def fixed(target, head, drafting, *, depth, top_k, max_q=64, **_):
+        return CostProfile([1.0 + 0.05 * q for q in range(1, max_q + 1)], [0.1 * d for d in range(1, depth + 1)],
+                           256, {"synthetic": True})
+
+    monkeypatch.setattr(cost_profile, "get_profile", fixed)
+

@@ -23,8 +23,10 @@ from eagle2.accept import accept_stochastic
 from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams, probabilities
 from eagle2.tree import DraftTree
-from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import device_params, on
+
+pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
 
 VOCAB, PROMPT, N_TOKENS = 8, [2, 5, 3], 3
 PASS_P, REJECT_P = 1e-3, 1e-6
@@ -35,6 +37,7 @@ METHODS = {
     "eagle2": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 6},
     "eagle2_auto": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": "auto", "max_total_tokens": 8,
                     "profile_dir": PROFILE_DIR},
+    "eagle3": {"name": "eagle3", "depth": 2, "top_k": 3, "total_tokens": 6},  # a random EAGLE-3 head per target
 }
 
 
@@ -77,7 +80,8 @@ def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, h
     gen = torch.Generator(device=target.device).manual_seed(seed)
     cfg = OmegaConf.create(method)
     for _ in range(n):
-        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft)
+        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft,
+                                weights={"eagle3_head": shared_eagle3_head(target)})
         out = engine.generate(target, drafter, PROMPT, params, N_TOKENS, set(), gen).output_ids
         counts[(out[0] * VOCAB + out[1]) * VOCAB + out[2]] += 1
     return counts

@@ -31,6 +31,9 @@ from eagle2.drafters import build_drafter
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.sampling import Draws, SamplingParams, probabilities
 from eagle2.tree import DraftTree
+from tests.conftest import shared_eagle3_head
+
+pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
 
 VOCAB, PROMPT, METHODS, PARAMS = cert.VOCAB, cert.PROMPT, cert.METHODS, cert.PARAMS
 # the fixed first tokens: each context PROMPT + [first] is checked; 2 and 3 are the target's likely
@@ -97,7 +100,8 @@ def drafted_rounds(models, method: dict, params: SamplingParams, first: int) -> 
         return [], 0
 
     def run(draws):
-        drafter = build_drafter(cfg, target, params, draws, head=head, draft_model=draft)
+        drafter = build_drafter(cfg, target, params, draws, head=head, draft_model=draft,
+                                weights={"eagle3_head": shared_eagle3_head(target)})
         engine.generate(target, drafter, PROMPT, params, 2, set(), None)
         return captured.pop()
 

@@ -10,26 +10,19 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eagle2.drafters import build_drafter
-from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target, load_eagle3_head, save_eagle3_head
+from eagle2.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
 from eagle2.engine import generate
 from eagle2.features import LayerTap, eagle3_layers
 from eagle2.head import causal_mask
 from eagle2.sampling import SamplingParams
-from tests.conftest import tiny_llama
+from tests.conftest import tiny_eagle3_head, tiny_llama
 
 GREEDY = SamplingParams()
 EAGLE3 = OmegaConf.create({"name": "eagle3", "total_tokens": 6, "depth": 3, "top_k": 3})
 
 
 def random_eagle3_head(target, draft_vocab_size: int | None = None, seed: int = 0) -> Eagle3Head:
-    """A random EAGLE-3 head for ``target``; a reduced draft vocabulary takes every other token id."""
-    torch.manual_seed(seed)
-    vocab = target.config.vocab_size
-    size = draft_vocab_size or vocab
-    head = Eagle3Head(eagle3_config_from_target(target.config, size), eagle3_layers(target.config.num_hidden_layers))
-    if size < vocab:
-        head.set_draft_vocabulary(torch.randperm(vocab)[:size])
-    return head.attach_embedding(target.get_input_embeddings()).to(target.dtype).eval()
+    return tiny_eagle3_head(target, seed=seed, draft_vocab_size=draft_vocab_size)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from eagle2.chat import encode_conversation
 from eagle2.drafters import build_drafter
 from eagle2.sampling import SamplingParams
 from eagle2.tree import DraftTree
-from tests.conftest import PROFILE_DIR, tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import assert_greedy_lossless, device_params, on
 
 GREEDY = SamplingParams()
@@ -23,12 +23,14 @@ SPEC_METHODS = {
     "eagle2": {"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 10},
     "eagle2_auto": {"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "auto", "max_total_tokens": 10,
                     "profile_dir": PROFILE_DIR},
+    "eagle3": {"name": "eagle3", "depth": 4, "top_k": 4, "total_tokens": 10},  # a random EAGLE-3 head per target
 }
 PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 
 
 def decode(target, method, prompt, n, head=None, draft=None, eos=frozenset()):
-    drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head, draft_model=draft)
+    drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head, draft_model=draft,
+                            weights={"eagle3_head": shared_eagle3_head(target)})
     return engine.generate(target, drafter, prompt, GREEDY, n, set(eos))
 
 
