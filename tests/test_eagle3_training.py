@@ -83,3 +83,9 @@ def test_eagle3_resume_after_stop_matches_uninterrupted(target, corpus, tmp_path
     assert summary["step"] == ref_summary["step"] == ref_summary["total_steps"]
     for (key, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), atol=1e-6), key  # lm_head and d2t/t2d too
+
+
+def test_corpus_resumes_only_with_the_same_taps(target, corpus):
+    with pytest.raises(ValueError, match="tap_layers"):
+        build_corpus(target, ByteTokenizer(), PROMPTS, corpus, template="vicuna", system_prompt="S", batch_size=4,
+                     max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0)

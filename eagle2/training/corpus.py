@@ -187,6 +187,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
         bar.total = len(order)
         bar.n = sum(1 for b in order if (out / f"shard_{b:05d}.safetensors").exists())
     tap_layers = tuple(int(i) for i in tap_layers or ())
+    _check_existing_taps(out, tap_layers)
     with contextlib.ExitStack() as stack:
         tap = stack.enter_context(LayerTap(model, tap_layers)) if tap_layers else None
         for b in order[worker::workers]:  # random order: a partial corpus is an unbiased sample of the prompts
@@ -205,6 +206,20 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
             bar.update(1)
     bar.close()
     return out
+
+
+def _check_existing_taps(folder: Path, tap_layers: tuple[int, ...]) -> None:
+    """A corpus is resumed only with the layer taps its shards were written with."""
+    from safetensors import safe_open
+
+    existing = next(iter(sorted(folder.glob("shard_*.safetensors"))), None)
+    if existing is None:
+        return
+    with safe_open(str(existing), framework="pt") as f:
+        had = tuple(f.get_tensor("tap_layers").tolist()) if "tap_layers" in f.keys() else ()
+    if had != tap_layers:
+        raise ValueError(f"{folder} was written with tap_layers={list(had)}, not {list(tap_layers)}: use another "
+                         "out_dir (or delete it to rebuild)")
 
 
 def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
