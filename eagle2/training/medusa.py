@@ -226,7 +226,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     dtype = torch.float32 if sum(p.numel() for p in heads.parameters()) * 4 <= mc.export_max_mb * 1e6 else torch.float16
     folder = save_medusa_heads(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
     info = {"kind": "medusa", "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
-            "corpus_shards": len(list(corpus_dir.glob("shard_*.safetensors"))),
+            "corpus_shards": sorted(p.name for p in corpus_dir.glob("shard_*.safetensors")),
             "recipe": OmegaConf.to_container(mc), "stored_dtype": str(dtype).replace("torch.", ""), "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
     ev = cfg.train.eval.mtbench
