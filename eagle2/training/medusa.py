@@ -216,6 +216,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     from eagle2.medusa import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
     from eagle2.training.data import load_sequences, split_shards
     from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
+    from eagle2.training.recipe import corpus_tap_layers  # the held-out set is shared with the eval stage
 
     mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
     t0 = time.time()
@@ -232,7 +233,8 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     ev = cfg.train.eval.mtbench
     mt_dir = build_mtbench_heldout(target, tokenizer, root / ev.out_dir, template=cfg.train.corpus.template,
                                    system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=ev.max_new_tokens,
-                                   batch_size=ev.batch_size, limit=ev.limit, stop_tokens=cfg.train.corpus.stop_tokens)
+                                   batch_size=ev.batch_size, limit=ev.limit, stop_tokens=cfg.train.corpus.stop_tokens,
+                                   tap_layers=corpus_tap_layers(target, cfg.train.corpus.get("tap_layers")))
     from eagle2.training.data import all_sequences
 
     _, val_paths = split_shards(corpus_dir, mc.val_fraction)
