@@ -92,3 +92,16 @@ class DraftTree:
                 path.append(self._parents[path[-1]])
             out.append(path[::-1])
         return out
+
+
+def choice_paths(choices) -> list[tuple[int, ...]]:
+    """Distinct paths sorted by (depth, ranks): parents first, siblings contiguous and best-first;
+    every path's parent path must be present."""
+    paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
+    if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+        raise ValueError("method.choices must be non-empty paths of non-negative ranks")
+    present = set(paths)
+    missing = [list(p) for p in paths if len(p) > 1 and p[:-1] not in present]
+    if missing:
+        raise ValueError(f"method.choices has paths whose parent path is absent: {missing}")
+    return paths

@@ -45,9 +45,10 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
     "prev_unroll3": ("the previous head continued with unroll 3 (lr 3e-4)",
                      [*OLD, "train.head.init_from=artifacts/work/prev_head", "train.head.unroll=3",
                       "train.head.lr=3e-4"]),
-    # EAGLE-2 vs EAGLE-3 heads at equal data (the mixed corpus) and equal steps; kind eagle3 = train_head.py stage=eagle3
+    # EAGLE-2 vs EAGLE-3 heads at equal data (the mixed corpus); kind eagle3 = train_head.py stage=eagle3
     # on the mixed chat/math/code corpus (conf/train/smollm2.yaml's; all its shards so far)
-    "mix_eagle2": ("EAGLE-2 head, mixed corpus, unroll 3", ["train.head.unroll=3", "train.head.unroll_cls_fraction=0.5"]),
+    "mix_eagle2": ("EAGLE-2 head, mixed corpus, unroll 3",
+                   ["train.head.unroll=3", "train.head.unroll_cls_fraction=0.5"]),
     "mix_eagle3": ("EAGLE-3 head, mixed corpus, unroll 3 (training-time test)", [], "eagle3"),
     "mix_eagle3_unroll1": ("EAGLE-3 head, mixed corpus, no training-time test", ["train.eagle3.unroll=1"], "eagle3"),
 }

@@ -95,3 +95,10 @@ def synthetic_cost_profile(monkeypatch):
 
     monkeypatch.setattr(cost_profile, "get_profile", fixed)
 
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(target, SpS draft, EAGLE head): tiny random models with a 16-token vocabulary (greedy identity tests)."""
+    target = tiny_llama(vocab=16, layers=2, seed=0, scale=10.0)
+    return target, tiny_llama(vocab=16, layers=1, seed=1, scale=10.0), tiny_head(target, seed=2)
+

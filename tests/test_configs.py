@@ -41,7 +41,7 @@ def test_dataset_compose(dataset):
 def test_gpu_models_carry_paper_settings():
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["model=vicuna7b"])
-    # the authors' evaluation scripts: total_token 60, depth 5, top_k 10 = ours (59, 6, 10) (eagle2.yaml: budget counting)
+    # the authors' evaluation scripts: total_token 60, depth 5, top_k 10 = ours (59, 6, 10) (eagle2.yaml)
     assert cfg.method.total_tokens == 59 and cfg.method.depth == 6 and cfg.method.top_k == 10
     assert cfg.model.head == "yuhuili/EAGLE-Vicuna-7B-v1.3" and cfg.model.sps_draft == "double7/vicuna-68m"
     assert cfg.model.dtype == "float16" and cfg.model.device == "cuda"

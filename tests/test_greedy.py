@@ -34,12 +34,6 @@ def decode(target, method, prompt, n, head=None, draft=None, eos=frozenset()):
     return engine.generate(target, drafter, prompt, GREEDY, n, set(eos))
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    target = tiny_llama(vocab=16, layers=2, seed=0, scale=10.0)
-    return target, tiny_llama(vocab=16, layers=1, seed=1, scale=10.0), tiny_head(target, seed=2)
-
-
 @pytest.fixture(scope="module", params=device_params())
 def tiny_on(tiny, request):
     """(device and dtype, fp32 target, the tiny models on that device and dtype)."""

@@ -16,7 +16,7 @@ from eagle2.results import config_hash
 from eagle2.sampling import SamplingParams
 from eagle2.tree import DraftTree
 from tests.test_configs import CONF
-from tests.test_greedy import PROMPTS, decode, tiny  # noqa: F401  (tiny: the module-scoped fixture)
+from tests.test_greedy import PROMPTS, decode
 
 
 def _columns(tokens, parents, values):

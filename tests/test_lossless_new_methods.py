@@ -21,7 +21,7 @@ import torch
 import eagle2.engine as engine
 import tests.test_certification as cert
 import tests.test_certification_exact as exact_cert
-from tests.test_greedy import PROMPTS, decode, tiny  # noqa: F401  (tiny: the module-scoped fixture)
+from tests.test_greedy import PROMPTS, decode
 
 models = cert.models  # the tiny 8-token target, draft and head of the certifications
 exact = exact_cert.exact

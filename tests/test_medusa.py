@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 
 import eagle2.engine as engine
 from eagle2.drafters import build_drafter
-from eagle2.drafters.medusa import MedusaDrafter, choice_paths
+from eagle2.drafters.medusa import MedusaDrafter
 from eagle2.medusa import MC_SIM_7B_63, MedusaHeads, load_medusa_heads, save_medusa_heads
 from eagle2.sampling import SamplingParams
+from eagle2.tree import choice_paths
 from tests.conftest import tiny_llama
 
 GREEDY = SamplingParams()
@@ -32,7 +33,7 @@ def tiny_medusa(target, num_heads: int = 3, own_lm_head: bool = True, seed: int 
     cfg = target.config
     heads = MedusaHeads(num_heads, 1, cfg.hidden_size, cfg.vocab_size if own_lm_head else None)
     with torch.no_grad():
-        for k, head in enumerate(heads):
+        for head in heads:
             head[0].linear.weight.normal_(0, std)
             if own_lm_head:
                 head[1].weight.copy_(target.lm_head.weight)
@@ -170,7 +171,8 @@ def test_medusa_equals_plain_on_tiny(target, own_lm_head):
 def test_wrong_commit_breaks_identity(target, monkeypatch):
     """Negative control: committing the first nodes instead of the accepted path is caught."""
     real = engine.keep_tree_path
-    monkeypatch.setattr(engine, "keep_tree_path", lambda cache, prefix, kept: real(cache, prefix, list(range(len(kept)))))
+    monkeypatch.setattr(engine, "keep_tree_path",
+                        lambda cache, prefix, kept: real(cache, prefix, list(range(len(kept)))))
     heads = tiny_medusa(target)
     outs = [decode(target, {"name": "medusa", "choices": TREE}, p, 40, heads).output_ids for p in PROMPTS]
     monkeypatch.undo()

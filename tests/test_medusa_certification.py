@@ -1,6 +1,7 @@
 """Medusa is lossless at temperature > 0, certified by the machinery of ``test_certification_exact.py``
 (one real round, every random outcome enumerated) and ``test_certification.py`` (chi-square over
-2,500 samples through the engine), on their 8-token target with random Medusa heads (the chi-square tests are marked slow).
+2,500 samples through the engine), on their 8-token target with random Medusa heads (the chi-square tests are
+marked slow).
 
 Medusa's drafts are deterministic top-k choices, so they go through the rule for deterministically
 chosen children. Negative controls run through the same checks and must be rejected: the authors'

@@ -12,8 +12,15 @@ from omegaconf import OmegaConf
 from eagle2.training.data import Sequence, collate
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection
-from eagle2.training.medusa import (best_tree, medusa_loss, medusa_targets, new_medusa_heads, rank_statistics,
-                                    true_ranks, tree_accept_length)
+from eagle2.training.medusa import (
+    best_tree,
+    medusa_loss,
+    medusa_targets,
+    new_medusa_heads,
+    rank_statistics,
+    tree_accept_length,
+    true_ranks,
+)
 from tests.conftest import tiny_llama
 
 FIT = {"lr": 3e-2, "betas": [0.9, 0.95], "weight_decay": 0.0, "warmup": 2, "min_lr_ratio": 0.1, "epochs": 40,

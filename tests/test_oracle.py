@@ -12,7 +12,7 @@ import pytest
 
 from eagle2.drafters.oracle import OracleDrafter, reference_outputs
 from eagle2.tree import DraftTree
-from tests.test_greedy import PROMPTS, SPEC_METHODS, decode, tiny  # noqa: F401  (tiny: the fixture)
+from tests.test_greedy import PROMPTS, SPEC_METHODS, decode
 
 DEPTH = 4  # every other method below drafts at most 4 deep
 OTHERS = {**{k: v for k, v in SPEC_METHODS.items() if k != "eagle2_auto"},
@@ -93,7 +93,8 @@ def _row(method: str, settings: dict, qid: int, lengths: list[int], temperature:
     return {"status": "ok", "model": "m", "dataset": "d", "method": method, "temperature": temperature,
             "config_hash": f"{method}{sorted(settings.items())}{temperature}", "question_id": qid, "turn": 0,
             "dtype": "float32", "max_new_tokens": 64, "accept_lengths": lengths, "target_forwards": len(lengths),
-            "new_tokens": sum(lengths) + 1, "wall_time_s": 1.0, "rounds": {}, "method_config": {"name": method, **settings}}
+            "new_tokens": sum(lengths) + 1, "wall_time_s": 1.0, "rounds": {},
+            "method_config": {"name": method, **settings}}
 
 
 def test_report_shows_oracle_efficiency_at_the_matching_depth(tmp_path):

@@ -1,7 +1,8 @@
 """Random checkpoints written the way the real ones are published, for the zoo smoke tests and the
 head-format tests: targets with a GPU model config's shapes (``eagle2.shapes``) and a byte-level
 tokenizer with that family's vocabulary size and special tokens, EAGLE-1/2 heads in the authors'
-format and variants, EAGLE-3 heads in the official layout, SpS drafts as full causal-LM checkpoints (like ``double7/vicuna-68m``).
+format and variants, EAGLE-3 heads in the official layout, SpS drafts as full causal-LM checkpoints (like
+``double7/vicuna-68m``).
 
 ``WEIGHT_WRITERS`` maps a drafter-weight kind (a model-config key that a ``conf/method`` YAML lists
 under ``weights``) to its random-checkpoint writer ``(folder, target_config, seed) -> folder``. A method

@@ -9,19 +9,14 @@ from __future__ import annotations
 import torch
 
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, tree_from_drafted
-from eagle2.tree import DraftTree
+from eagle2.tree import DraftTree, choice_paths
 
 
 class EagleStaticDrafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, choices: list[list[int]], **drafting):
         super().__init__(head, lm_head, device, **drafting)
-        paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
-        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
-            raise ValueError("method.choices must be non-empty paths of non-negative ranks")
+        paths = choice_paths(choices)
         index = {p: i for i, p in enumerate(paths)}
-        missing = [list(p) for p in paths if len(p) > 1 and p[:-1] not in index]
-        if missing:
-            raise ValueError(f"method.choices has paths whose parent path is absent: {missing}")
         self.paths = paths
         self.parent = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths])
         self.rank = torch.tensor([p[-1] for p in paths])

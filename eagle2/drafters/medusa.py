@@ -15,20 +15,7 @@ import torch
 from eagle2.drafters.eagle_common import drafting_lm_head, path_log_values, tree_from_drafted
 from eagle2.engine import device_clock
 from eagle2.medusa import MedusaHeads
-from eagle2.tree import DraftTree
-
-
-def choice_paths(choices) -> list[tuple[int, ...]]:
-    """Distinct paths sorted by (depth, ranks): parents first, siblings contiguous and best-first;
-    every path's parent path must be present."""
-    paths = sorted({tuple(int(c) for c in p) for p in choices}, key=lambda p: (len(p), p))
-    if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
-        raise ValueError("method.choices must be non-empty paths of non-negative ranks")
-    present = set(paths)
-    missing = [list(p) for p in paths if len(p) > 1 and p[:-1] not in present]
-    if missing:
-        raise ValueError(f"method.choices has paths whose parent path is absent: {missing}")
-    return paths
+from eagle2.tree import DraftTree, choice_paths
 
 
 class MedusaDrafter:

@@ -128,11 +128,16 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     from omegaconf import OmegaConf
 
     from eagle2.draft_model import load_draft_model
+    from eagle2.eagle3_head import load_eagle3_head
     from eagle2.head import load_head
     from eagle2.training.data import all_sequences, load_sequences, split_shards
-    from eagle2.eagle3_head import load_eagle3_head
-    from eagle2.training.evaluate import (build_mtbench_heldout, evaluate_draft, evaluate_eagle3_head, evaluate_head,
-                                          write_eval_json)
+    from eagle2.training.evaluate import (
+        build_mtbench_heldout,
+        evaluate_draft,
+        evaluate_eagle3_head,
+        evaluate_head,
+        write_eval_json,
+    )
 
     ev, export = cfg.train.eval, cfg.train.export
     kinds = tuple(kinds or ev.kinds)
