@@ -16,7 +16,11 @@ def group_names(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))  # _base: shared keys
 
 
-@pytest.mark.parametrize("model", group_names("model"))
+# every method with the embedded model and one GPU config by default; the full cross-product is slow
+MODELS = [m if m in ("smollm2", "vicuna7b") else pytest.param(m, marks=pytest.mark.slow) for m in group_names("model")]
+
+
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("method", group_names("method"))
 def test_model_method_compose(model, method):
     with initialize_config_dir(str(CONF), version_base="1.3"):
