@@ -81,7 +81,8 @@ def test_experiment_sweeps_and_scales(name):
 
 def test_table1_is_the_full_grid():
     params = compose_cfg("experiment=table1", hydra_cfg=True).hydra.sweeper.params
-    assert math.prod(len(v.split(",")) for v in params.values()) == 4 * 6 * 2
+    assert params.method == "plain,sps,pld,eagle,eagle2,oracle" and params.lookup_branch == "false,true"
+    assert math.prod(len(v.split(",")) for v in params.values()) == 6 * 2 * 6 * 2  # x lookup branch off/on
 
 
 def test_named_experiment_sweeps_its_cells(tmp_path):
@@ -175,7 +176,7 @@ def test_slurm_launcher_config():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert launcher.partition == "gpu" and launcher.gpus_per_node == 1 and launcher.timeout_min == raw["timeout_min"]
-    assert cfg.hydra.sweeper.params.method == "plain,sps,eagle,eagle2"  # the experiment's sweep is kept
+    assert cfg.hydra.sweeper.params.method == "plain,sps,pld,eagle,eagle2,oracle"  # the experiment's sweep is kept
 
 
 def test_recipe_commands():
