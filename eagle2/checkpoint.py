@@ -53,3 +53,22 @@ def check_state(what: str, state: dict[str, torch.Tensor], expected: dict[str, t
     for key, value in state.items():
         if value.shape != expected[key].shape:
             raise ValueError(f"{what}: {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
+
+
+def checkpoint_folder(location: str, what: str, config_key: str, files=("config.json", *WEIGHT_FILES)) -> Path:
+    """``location`` as a local folder, or the hub snapshot of that id (only ``files``, glob patterns). A hub
+    failure becomes one clear line naming ``what`` and the config key to pass a local folder with."""
+    path = Path(location)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    from eagle2.models import ModelUnavailableError
+
+    try:
+        return Path(snapshot_download(location, allow_patterns=list(files)))
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
+        raise ModelUnavailableError(
+            f"cannot load {what} {location!r}: not a local folder and the hub is unreachable "
+            f"({type(exc).__name__}); download it and pass {config_key}=/local/dir") from None
+

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.checkpoint import WEIGHT_FILES, check_state, drop_rotary_buffers, read_weights
+from eagle2.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -122,23 +122,6 @@ def _load_shared_format(folder: Path, target) -> LlamaForCausalLM:
     return draft
 
 
-def _checkpoint_folder(location: str) -> Path:
-    """A local folder, or the hub snapshot of a causal-LM id (config and weights only)."""
-    folder = Path(location)
-    if folder.is_dir():
-        return folder
-    from huggingface_hub import snapshot_download
-
-    from eagle2.models import ModelUnavailableError
-
-    try:
-        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
-    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
-        raise ModelUnavailableError(
-            f"cannot load SpS draft {location!r}: not a local folder and the hub is unreachable "
-            f"({type(exc).__name__}); download it and pass model.sps_draft=/local/dir") from None
-
-
 def _load_full_checkpoint(folder: Path, target):
     """An ordinary causal-LM checkpoint with its own embedding and LM head, checked key by key."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -171,7 +154,7 @@ def _load_full_checkpoint(folder: Path, target):
 
 def load_draft_model(location: str | Path, target):
     """Load an SpS draft: our shared-embedding folder, else an ordinary causal-LM checkpoint."""
-    folder = _checkpoint_folder(str(location))
+    folder = checkpoint_folder(str(location), "SpS draft", "model.sps_draft")
     if _is_shared_format(folder):
         draft = _load_shared_format(folder, target)
     else:

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle2.checkpoint import WEIGHT_FILES, check_state, read_weights
+from eagle2.checkpoint import check_state, checkpoint_folder, read_weights
 from eagle2.features import eagle3_layers
 
 
@@ -164,25 +164,9 @@ def _feature_layers(config: LlamaConfig, target) -> tuple[int, ...]:
     return tuple(int(i) for i in named) if named else eagle3_layers(target.config.num_hidden_layers)
 
 
-def _local_folder(location: str) -> Path:
-    path = Path(location)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    from eagle2.models import ModelUnavailableError
-
-    try:
-        return Path(snapshot_download(location, allow_patterns=["config.json", *WEIGHT_FILES]))
-    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
-        raise ModelUnavailableError(
-            f"cannot load EAGLE-3 head {location!r}: not a local folder and the hub is unreachable "
-            f"({type(exc).__name__}); download it and pass model.eagle3_head=/local/dir") from None
-
-
 def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
     """Load a head in the official EAGLE-3 format, strictly, on the target's device and dtype."""
-    folder = _local_folder(str(location))
+    folder = checkpoint_folder(str(location), "EAGLE-3 head", "model.eagle3_head")
     config = _read_config(folder)
     if config.vocab_size != target.config.vocab_size:
         raise ValueError(f"EAGLE-3 head {folder}: vocab_size {config.vocab_size} != the target's "

@@ -30,7 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from eagle2.cache import cache_kwargs
-from eagle2.checkpoint import WEIGHT_FILES, check_state, drop_rotary_buffers, read_weights
+from eagle2.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
 from eagle2.tree import additive_mask
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
@@ -103,25 +103,10 @@ def _read_config(folder: Path) -> tuple[LlamaConfig, bool]:
     return LlamaConfig(**raw), bias
 
 
-def _local_folder(location: str) -> Path:
-    path = Path(location)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    from eagle2.models import ModelUnavailableError
-
-    try:
-        return Path(snapshot_download(location, allow_patterns=["config.json", DRAFT_VOCAB_FILE, *WEIGHT_FILES]))
-    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
-        raise ModelUnavailableError(
-            f"cannot load EAGLE head {location!r}: not a local folder and the hub is unreachable "
-            f"({type(exc).__name__}); download it and pass model.head=/local/dir") from None
-
-
 def load_head(location: str | Path, target) -> EagleHead:
     """Load a head in the published format, strictly, on the target's device and dtype."""
-    folder = _local_folder(str(location))
+    folder = checkpoint_folder(str(location), "EAGLE head", "model.head",
+                               ("config.json", DRAFT_VOCAB_FILE, *WEIGHT_FILES))
     what = f"EAGLE head {folder}"
     config, bias = _read_config(folder)
     if config.hidden_size != target.config.hidden_size:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.checkpoint import check_state
+from eagle2.checkpoint import check_state, checkpoint_folder
 
 log = logging.getLogger(__name__)
 
@@ -115,22 +115,6 @@ class MedusaHeads(nn.ModuleList):
 
 # ------------------------------------------------------------------------------------ format
 
-def _local_folder(location: str) -> Path:
-    path = Path(location)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    from eagle2.models import ModelUnavailableError
-
-    try:
-        return Path(snapshot_download(location, allow_patterns=[CONFIG_FILE, DRAFT_VOCAB_FILE, *WEIGHT_FILES]))
-    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
-        raise ModelUnavailableError(
-            f"cannot load Medusa heads {location!r}: not a local folder and the hub is unreachable "
-            f"({type(exc).__name__}); download it and pass model.medusa_head=/local/dir") from None
-
-
 def read_medusa_state(folder: Path) -> dict[str, torch.Tensor]:
     """The heads' state dict: safetensors if present, else the pickle with ``weights_only=True``."""
     for name in WEIGHT_FILES:
@@ -168,7 +152,8 @@ def heads_from_state(state: dict[str, torch.Tensor], config: dict, what: str) ->
 def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
     """Load heads in the published format, strictly, on the target's device and dtype; heads without
     their own LM head get the target's."""
-    folder = _local_folder(str(location))
+    folder = checkpoint_folder(str(location), "Medusa heads", "model.medusa_head",
+                               (CONFIG_FILE, DRAFT_VOCAB_FILE, *WEIGHT_FILES))
     config = json.loads((folder / CONFIG_FILE).read_text()) if (folder / CONFIG_FILE).is_file() else {}
     heads = heads_from_state(read_medusa_state(folder), config, f"Medusa heads {folder}")
     hidden = target.config.hidden_size
