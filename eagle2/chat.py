@@ -38,7 +38,7 @@ def render(template: str, users: list[str], answers: list[str], system: str | No
             text += ("" if i == 0 else "<s>") + f"[INST] {user.strip()} [/INST]"
             if i < len(answers):
                 text += f" {answers[i].strip()} </s>"
-        return text
+        return text + " "  # the authors' LLaMA-2-Chat scripts end the prompt with "[/INST] "
     if template == "llama3":
         text = "<|begin_of_text|>"
         for m in _messages(users, answers, system):

@@ -54,6 +54,6 @@ def test_chat_templates():
     v = render("vicuna", ["Hi", "More"], ["Hello"], None)
     assert v.startswith("A chat between") and "USER: Hi ASSISTANT: Hello</s>USER: More ASSISTANT:" in v
     l2 = render("llama2", ["Hi"], [], "Be nice")
-    assert l2 == "[INST] <<SYS>>\nBe nice\n<</SYS>>\n\nHi [/INST]"
+    assert l2 == "[INST] <<SYS>>\nBe nice\n<</SYS>>\n\nHi [/INST] "
     l3 = render("llama3", ["Hi"], [], None)
     assert l3.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n") and "user<|end_header_id|>\n\nHi" in l3

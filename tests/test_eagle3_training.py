@@ -14,7 +14,14 @@ from eagle2.training.corpus import build_corpus, read_shards
 from eagle2.training.data import all_sequences
 from eagle2.training.evaluate import evaluate_eagle3_head
 from eagle2.training.train import draft_vocabulary_ids, train_eagle3_head
-from tests.test_training import PROMPTS, ByteTokenizer, head_cfg, tiny_target, train_losses
+from tests.test_training import (
+    PROMPTS,
+    ByteTokenizer,
+    assert_resume_matches_uninterrupted,
+    head_cfg,
+    tiny_target,
+    train_losses,
+)
 
 LAYERS = eagle3_layers(6)
 
@@ -75,14 +82,7 @@ def test_eagle3_training_learns_exports_and_evaluates(target, corpus, tmp_path):
 
 
 def test_eagle3_resume_after_stop_matches_uninterrupted(target, corpus, tmp_path):
-    cfg = eagle3_cfg(epochs=2)
-    ref, ref_summary = train_eagle3_head(target, corpus, cfg, tmp_path / "ref")
-    _, part = train_eagle3_head(target, corpus, cfg, tmp_path / "cut", stop_after=5)
-    assert part["stopped"] and part["step"] == 5
-    resumed, summary = train_eagle3_head(target, corpus, cfg, tmp_path / "cut")
-    assert summary["step"] == ref_summary["step"] == ref_summary["total_steps"]
-    for (key, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=1e-6), key  # lm_head and d2t/t2d too
+    assert_resume_matches_uninterrupted(train_eagle3_head, target, corpus, eagle3_cfg(epochs=2), tmp_path)
 
 
 def test_corpus_resumes_only_with_the_same_taps(target, corpus):

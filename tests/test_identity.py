@@ -17,6 +17,7 @@ from analysis.identity import identity_table
 from eagle2.data import PROJECT_ROOT
 from eagle2.identity import audit_results, classify, tolerance
 from eagle2.runner import run
+from tests.broken_rules import accept_second_choice_too
 
 
 def logits_with_margins(margins: list[dict[int, float]], vocab: int = 6, scale: float = 20.0) -> torch.Tensor:
@@ -56,19 +57,6 @@ def _config(*overrides):
                                             "dataset.limit=1", "max_new_tokens=32", *overrides])
 
 
-def _accept_second_choice_too(tree, target_logits):
-    """BROKEN: a drafted child is accepted when its token is the target's first OR second choice."""
-    top2 = target_logits.topk(2, dim=-1).indices.tolist()
-    tokens = tree.tokens.tolist()
-    node, path = 0, []
-    while True:
-        nxt = next((c for c in tree.children[node] if tokens[c] in top2[node]), None)
-        if nxt is None:
-            return path, top2[node][0]
-        path.append(nxt)
-        node = nxt
-
-
 def test_bf16_divergences_are_numeric_and_a_broken_rule_is_algorithmic(tmp_path, monkeypatch):
     good, bad = tmp_path / "good", tmp_path / "bad"
     for results in (good, bad):
@@ -80,7 +68,7 @@ def test_bf16_divergences_are_numeric_and_a_broken_rule_is_algorithmic(tmp_path,
     assert table.algorithmic.sum() == 0 and table.unaudited.sum() == 0
     assert (table.identical + table.numeric).sum() == 2
 
-    monkeypatch.setattr(engine, "accept_greedy", _accept_second_choice_too)
+    monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
     run(_config("method=eagle2", "method.total_tokens=8", f"paths.results={bad}"))
     monkeypatch.undo()
     audit_results(bad)

@@ -16,11 +16,11 @@ deterministically chosen children.
 from __future__ import annotations
 
 import pytest
-import torch
 
 import eagle2.engine as engine
 import tests.test_certification as cert
 import tests.test_certification_exact as exact_cert
+from tests.broken_rules import accept_second_choice_too
 from tests.test_greedy import PROMPTS, decode
 
 models = cert.models  # the tiny 8-token target, draft and head of the certifications
@@ -39,18 +39,6 @@ SAMPLED_METHODS = {
     "hybrid": {"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_branch": True, "lookup_k": 2},
     "oracle": {"name": "oracle", "depth": 2},
 }
-
-
-def _top2_accept(tree, target_logits):
-    """Broken greedy rule: a child is accepted when it is the target's first OR second choice."""
-    top2 = torch.topk(target_logits, 2, dim=-1).indices.tolist()
-    tokens, node, path = tree.tokens.tolist(), 0, []
-    while True:
-        nxt = next((c for c in tree.children[node] if tokens[c] in top2[node]), None)
-        if nxt is None:
-            return path, top2[node][0]
-        path.append(nxt)
-        node = nxt
 
 
 def greedy_mismatches(tiny, method: dict) -> tuple[int, int]:
@@ -74,7 +62,7 @@ def test_greedy_equals_plain(tiny, name):
 
 @pytest.mark.parametrize("name", ["pld", "hybrid"])
 def test_greedy_identity_rejects_top2_rule(tiny, monkeypatch, name):
-    monkeypatch.setattr(engine, "accept_greedy", _top2_accept)
+    monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
     assert greedy_mismatches(tiny, GREEDY_METHODS[name])[0] > 0
 
 

@@ -116,15 +116,20 @@ def test_head_init_from_target_passes_feature_through(target):
     assert torch.equal(head.layers[0].self_attn.q_proj.weight, last.self_attn.q_proj.weight)
 
 
-def test_head_resume_after_stop_matches_uninterrupted(target, corpus, tmp_path):
-    cfg = head_cfg(epochs=2)
-    ref, ref_summary = train_head(target, corpus, cfg, tmp_path / "ref")
-    _, part_summary = train_head(target, corpus, cfg, tmp_path / "cut", stop_after=5)
+def assert_resume_matches_uninterrupted(train, target, corpus, cfg, tmp_path) -> None:
+    """A run stopped after 5 steps and resumed ends with the weights (every tensor, buffers too) of an
+    uninterrupted run; ``train`` is ``train_head``-shaped: (target, corpus, cfg, out_dir, stop_after)."""
+    ref, ref_summary = train(target, corpus, cfg, tmp_path / "ref")
+    _, part_summary = train(target, corpus, cfg, tmp_path / "cut", stop_after=5)
     assert part_summary["stopped"] and part_summary["step"] == 5
-    resumed, summary = train_head(target, corpus, cfg, tmp_path / "cut")
+    resumed, summary = train(target, corpus, cfg, tmp_path / "cut")
     assert summary["step"] == ref_summary["step"] == ref_summary["total_steps"]
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-6), k
+        assert torch.allclose(a.float(), b.float(), atol=1e-6), k
+
+
+def test_head_resume_after_stop_matches_uninterrupted(target, corpus, tmp_path):
+    assert_resume_matches_uninterrupted(train_head, target, corpus, head_cfg(epochs=2), tmp_path)
     ref_losses, cut_losses = train_losses(tmp_path / "ref"), train_losses(tmp_path / "cut")
     assert sorted(cut_losses) == sorted(ref_losses)  # every step logged once, none repeated
     for step, loss in ref_losses.items():
