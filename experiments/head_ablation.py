@@ -51,6 +51,8 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
                    ["train.head.unroll=3", "train.head.unroll_cls_fraction=0.5"]),
     "mix_eagle3": ("EAGLE-3 head, mixed corpus, unroll 3 (training-time test)", [], "eagle3"),
     "mix_eagle3_unroll1": ("EAGLE-3 head, mixed corpus, no training-time test", ["train.eagle3.unroll=1"], "eagle3"),
+    "mix_eagle3_more": ("the shipped EAGLE-3 head continued on the grown mixed corpus (lr 5e-4)",
+                        ["train.eagle3.init_from=artifacts/smollm2/eagle3_head", "train.eagle3.lr=5e-4"], "eagle3"),
 }
 STAGE_OF = {"head": ("head", "head"), "eagle3": ("eagle3", "eagle3_head")}  # kind -> (train section, export key)
 
