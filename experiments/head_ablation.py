@@ -61,16 +61,20 @@ def variant_kind(name: str) -> str:
     return VARIANTS[name][2] if len(VARIANTS[name]) > 2 else "head"
 
 
-def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: int) -> list[str]:
+def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: int,
+                      extra: list[str] = ()) -> list[str]:
+    """The variant's train_head.py overrides; ``extra`` (KEY=VALUE) replace the variant's own for the same key."""
     folder, kind = root / name, variant_kind(name)
     section, export = STAGE_OF[kind]
+    replaced = {e.split("=", 1)[0] for e in extra}
+    own = [o for o in VARIANTS[name][1] if o.split("=", 1)[0] not in replaced]
     return [f"threads={threads}", f"train.corpus.max_batches={batches}", f"train.{section}.max_steps={steps}",
             f"train.{section}.out_dir={folder / 'run'}", f"train.export.{export}={folder / 'head'}",
-            f"train.eval.kinds=[{kind}]", *VARIANTS[name][1]]
+            f"train.eval.kinds=[{kind}]", *own, *extra]
 
 
-def run_variant(name: str, root: Path, steps: int, batches: int, threads: int) -> None:
-    over = variant_overrides(name, root, steps, batches, threads)
+def run_variant(name: str, root: Path, steps: int, batches: int, threads: int, extra: list[str] = ()) -> None:
+    over = variant_overrides(name, root, steps, batches, threads, extra)
     # the eval stage always measures on the self-distilled corpus' held-out shards and on MT-bench
     eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=")]
     stages = (["corpus"] if any(o.startswith("train.corpus.responses=") for o in over) else []) + [variant_kind(name)]
@@ -123,13 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batches", type=int, default=40, help="corpus batches of 32 conversations")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra train_head.py override (replaces the variant's own for that key); repeatable")
     args = ap.parse_args(argv)
     if args.action == "run":
         unknown = [v for v in args.variants if v not in VARIANTS]
         if unknown or not args.variants:
             ap.error(f"choose variants from {', '.join(VARIANTS)} (got {args.variants})")
         for name in args.variants:
-            run_variant(name, args.root, args.steps, args.batches, args.threads)
+            run_variant(name, args.root, args.steps, args.batches, args.threads, args.set)
     print(table(args.root))
 
 
