@@ -72,3 +72,26 @@ def checkpoint_folder(location: str, what: str, config_key: str, files=("config.
             f"cannot load {what} {location!r}: not a local folder and the hub is unreachable "
             f"({type(exc).__name__}); download it and pass {config_key}=/local/dir") from None
 
+
+
+def weights_fingerprint(location: str | Path) -> str | None:
+    """A short content hash of a local weights folder (its config and weight files) or file; None for
+    a hub id, whose files are not here to hash. Rows record it, so results of two different heads stored
+    under one path (a head re-trained in place) are told apart."""
+    import hashlib
+
+    path = Path(location)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".pt")
+                       and p.name not in ("eval.json", "training.json"))  # the weights, not the reports about them
+    elif path.is_file():
+        files = [path]
+    else:
+        return None
+    digest = hashlib.sha1()
+    for file in files:
+        digest.update(file.name.encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]

@@ -23,6 +23,7 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
     "method_config": (dict,),
     "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
+    "weights": (dict,),  # drafter weights by model-config key -> content hash of the local files (None: hub id)
     "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",

@@ -9,6 +9,7 @@ as a whole is stored by ``record_cell_failure`` (called from ``run.py``) as a ro
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import zlib
@@ -79,6 +80,25 @@ WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
                   "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head}  # model-config key -> loader
 
 
+def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
+    """Content hashes of the method's local drafter weights, by model-config key (None: a hub id)."""
+    from eagle2.checkpoint import weights_fingerprint
+
+    return {key: weights_fingerprint(resolve_artifact(cfg.model[key])) if cfg.model.get(key) else None
+            for key in method_spec(cfg.method).weights}
+
+
+def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) -> None:
+    """Refuse to add rows next to finished rows decoded with other drafter weights under the same config
+    (a head re-trained in place keeps its path, so the config hash cannot tell)."""
+    stored = {json.dumps(r["weights"], sort_keys=True) for r in store.done.values() if r.get("weights") is not None}
+    other = stored - {json.dumps(fingerprints, sort_keys=True)}
+    if other:
+        raise ValueError(f"{store.rows_path} holds rows decoded with other drafter weights ({sorted(other)[0]}; "
+                         f"now {fingerprints}): the weights changed in place since. Write to a new "
+                         "paths.results, or move those rows away, and rerun")
+
+
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
     """The drafter weights the method needs (its YAML's ``weights``), by model-config key."""
     loaded = {}
@@ -140,7 +160,7 @@ def _peak_memory_mb(device) -> float | None:
         return None
 
 
-def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
+def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -159,7 +179,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer) -> dict:
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
-        "timestamp": time.time(),
+        "weights": fingerprints, "timestamp": time.time(),
     })
 
 
@@ -212,13 +232,15 @@ def run(cfg: DictConfig) -> dict:
         print(f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
               f"{len(todo)} turns to run -> {store.rows_path}", flush=True)
         if todo:
-            _decode_all(cfg, chash, store, questions)
+            fingerprints = drafter_fingerprints(cfg)
+            check_same_weights(store, fingerprints)
+            _decode_all(cfg, chash, store, questions, fingerprints)
         summary = summarize(store, questions)
     print(format_summary(cfg, summary), flush=True)
     return summary
 
 
-def _decode_all(cfg, chash, store, questions) -> None:
+def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     from eagle2.logger import make_logger
 
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
@@ -258,7 +280,7 @@ def _decode_all(cfg, chash, store, questions) -> None:
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
-                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer)
+                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints)
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])

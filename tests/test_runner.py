@@ -182,3 +182,18 @@ def test_a_failed_run_releases_its_lock_for_the_failure_row(tmp_path):
         run(cfg)
     assert record_cell_failure(cfg, failed.value).endswith(".jsonl")
     assert [r["status"] for r in rows(tmp_path)] == ["failed"] and not list(tmp_path.rglob("*.lock"))
+
+
+def test_rows_record_the_drafter_weights_and_a_head_changed_in_place_is_refused(tmp_path, smollm2):
+    head_dir = save_head(tiny_head(smollm2[0], seed=0), tmp_path / "head")
+    common = ["method=eagle2", "method.total_tokens=4", "dataset=nq", "max_new_tokens=4", "model.dtype=float32",
+              f"model.head={head_dir}", f"paths.results={tmp_path / 'r'}"]
+    run(config("dataset.limit=1", *common))
+    (first,) = rows(tmp_path / "r")
+    assert first["weights"]["head"] and len(first["weights"]) == 1
+    run(config("dataset.limit=2", *common))  # same weights: resumes
+    assert [r["weights"] for r in rows(tmp_path / "r")] == [first["weights"]] * 2
+    save_head(tiny_head(smollm2[0], seed=1), head_dir)  # re-trained in place: same path, same config hash
+    with pytest.raises(ValueError, match="other drafter weights"):
+        run(config("dataset.limit=3", *common))
+    assert len(rows(tmp_path / "r")) == 2  # nothing added, nothing lost
