@@ -73,7 +73,6 @@ def checkpoint_folder(location: str, what: str, config_key: str, files=("config.
             f"({type(exc).__name__}); download it and pass {config_key}=/local/dir") from None
 
 
-
 def weights_fingerprint(location: str | Path) -> str | None:
     """A short content hash of a local weights folder (its config and weight files) or file; None for
     a hub id, whose files are not here to hash. Rows record it, so results of two different heads stored
