@@ -9,7 +9,6 @@ as a whole is stored by ``record_cell_failure`` (called from ``run.py``) as a ro
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import zlib
@@ -80,33 +79,34 @@ WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
                   "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head}  # model-config key -> loader
 
 
+def drafter_locations(cfg: DictConfig) -> dict[str, str]:
+    """Where the drafter weights the method needs (its YAML's ``weights``) are, by model-config key."""
+    missing = [key for key in method_spec(cfg.method).weights if not cfg.model.get(key)]
+    if missing:
+        raise ValueError(f"model {cfg.model.name} names no model.{missing[0]}, which method={cfg.method.name} needs")
+    return {key: resolve_artifact(cfg.model[key]) for key in method_spec(cfg.method).weights}
+
+
 def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
     """Content hashes of the method's local drafter weights, by model-config key (None: a hub id)."""
     from eagle2.checkpoint import weights_fingerprint
 
-    return {key: weights_fingerprint(resolve_artifact(cfg.model[key])) if cfg.model.get(key) else None
-            for key in method_spec(cfg.method).weights}
+    return {key: weights_fingerprint(location) for key, location in drafter_locations(cfg).items()}
 
 
 def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) -> None:
     """Refuse to add rows next to finished rows decoded with other drafter weights under the same config
     (a head re-trained in place keeps its path, so the config hash cannot tell)."""
-    stored = {json.dumps(r["weights"], sort_keys=True) for r in store.done.values() if r.get("weights") is not None}
-    other = stored - {json.dumps(fingerprints, sort_keys=True)}
+    other = [r["weights"] for r in store.done.values() if r.get("weights") not in (None, fingerprints)]
     if other:
-        raise ValueError(f"{store.rows_path} holds rows decoded with other drafter weights ({sorted(other)[0]}; "
+        raise ValueError(f"{store.rows_path} holds rows decoded with other drafter weights ({other[0]}; "
                          f"now {fingerprints}): the weights changed in place since. Write to a new "
                          "paths.results, or move those rows away, and rerun")
 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
     """The drafter weights the method needs (its YAML's ``weights``), by model-config key."""
-    loaded = {}
-    for key in method_spec(cfg.method).weights:
-        if not cfg.model.get(key):
-            raise ValueError(f"model {cfg.model.name} names no model.{key}, which method={cfg.method.name} needs")
-        loaded[key] = WEIGHT_LOADERS[key](resolve_artifact(cfg.model[key]), target)
-    return loaded
+    return {key: WEIGHT_LOADERS[key](location, target) for key, location in drafter_locations(cfg).items()}
 
 
 def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
