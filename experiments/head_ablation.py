@@ -49,6 +49,9 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
     # on the mixed chat/math/code corpus (conf/train/smollm2.yaml's; all its shards so far)
     "mix_eagle2": ("EAGLE-2 head, mixed corpus, unroll 3",
                    ["train.head.unroll=3", "train.head.unroll_cls_fraction=0.5"]),
+    "mix_eagle2_more": ("the shipped EAGLE-2 head continued on the mixed corpus (unroll 3, lr 3e-4)",
+                        ["train.head.init_from=artifacts/smollm2/eagle_head", "train.head.unroll=3",
+                         "train.head.lr=3e-4"]),
     "mix_eagle3": ("EAGLE-3 head, mixed corpus, unroll 3 (training-time test)", [], "eagle3"),
     "mix_eagle3_unroll1": ("EAGLE-3 head, mixed corpus, no training-time test", ["train.eagle3.unroll=1"], "eagle3"),
     "mix_eagle3_more": ("the shipped EAGLE-3 head continued on the grown mixed corpus (lr 5e-4)",

@@ -265,6 +265,8 @@ def test_tiny_recipe_on_smollm2(tmp_path):
     metrics = json.loads((work / "eagle_head" / "eval.json").read_text())
     assert 0.0 <= metrics["alpaca_heldout"]["teacher_forced"]["top1"] <= 1.0
     assert (work / "sps_draft" / "eval.json").is_file()
+    shards = json.loads((work / "eagle_head" / "training.json").read_text())["corpus_shards"]
+    assert shards["train"] and shards["held_out"] and not set(shards["train"]) & set(shards["held_out"])
 
 
 def test_chunked_soft_cross_entropy_matches_naive():
