@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle2.draft_model import build_draft_model, load_draft_model, save_draft_model
 from eagle2.head import load_head, save_head
-from eagle2.training.corpus import build_corpus
+from eagle2.training.corpus import build_corpus, worker_batches
 from eagle2.training.data import all_sequences, make_batches, split_shards
 from eagle2.training.evaluate import chain_anchors, draft_chain, evaluate_draft, evaluate_head, head_chain
 from eagle2.training.losses import LossProjection
@@ -92,6 +93,18 @@ def test_corpus_split_and_batches(corpus):
     assert all(len(b) * max(lengths[i] for i in b) <= 256 or len(b) == 1 for b in batches)
     assert batches == make_batches(lengths, 256, 4, seed=0, epoch=0)
     assert batches != make_batches(lengths, 256, 4, seed=0, epoch=1)
+
+
+def test_corpus_worker_takes_its_share_then_helps_from_the_end(target, corpus, tmp_path):
+    assert worker_batches(list(range(10)), 1, 3) == [1, 4, 7, 9, 8, 6, 5, 3, 2, 0]
+    # worker 1 of 2 alone writes every batch (its own, then the idle worker's), identical to one worker's
+    build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path, template="vicuna", system_prompt="S", batch_size=4,
+                 max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0,
+                 worker=1, workers=2)
+    names = sorted(p.name for p in tmp_path.glob("shard_*.safetensors"))
+    assert names == sorted(p.name for p in corpus.glob("shard_*.safetensors")) and len(names) == 4
+    for name in names:
+        torch.testing.assert_close(load_file(str(tmp_path / name)), load_file(str(corpus / name)))
 
 
 @pytest.mark.parametrize("unroll", [{}, {"unroll": 2, "unroll_cls_fraction": 0.5}], ids=["1-step", "unrolled"])

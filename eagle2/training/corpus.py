@@ -159,9 +159,10 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
     seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
     ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
-    ``workers``-th batch of the order. With ``answers`` (one per prompt, e.g. the dataset's own) the
-    target does not answer: it reads those answers (teacher forcing, each closed by the EOS) and only its
-    features are kept. An answer ends at the EOS or one of ``stop_tokens`` (the model config's).
+    ``workers``-th batch of the order, then helps with the others' (``worker_batches``). With ``answers``
+    (one per prompt, e.g. the dataset's own) the target does not answer: it reads those answers (teacher
+    forcing, each closed by the EOS) and only its features are kept. An answer ends at the EOS or one of
+    ``stop_tokens`` (the model config's).
     ``tap_layers`` (decoder layer indices, e.g. ``eagle3_layers(L)``) also records their inputs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +191,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
     _check_existing_taps(out, tap_layers)
     with contextlib.ExitStack() as stack:
         tap = stack.enter_context(LayerTap(model, tap_layers)) if tap_layers else None
-        for b in order[worker::workers]:  # random order: a partial corpus is an unbiased sample of the prompts
+        for b in worker_batches(order, worker, workers):
             batch = batches[b]
             path = out / f"shard_{b:05d}.safetensors"
             if path.exists():
@@ -206,6 +207,16 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
             bar.update(1)
     bar.close()
     return out
+
+
+def worker_batches(order: list[int], worker: int, workers: int) -> list[int]:
+    """The batches ``worker`` writes, in turn: its own share (every ``workers``-th of the seeded random
+    order, so a partial corpus is an unbiased sample of the prompts), then the other workers' shares from
+    the end backwards, so a worker that finishes early takes over work that is still waiting (batches
+    already written are skipped when their turn comes; two workers duplicate at most the batch they meet on)."""
+    mine = order[worker::workers]
+    taken = set(mine)
+    return mine + [b for b in reversed(order) if b not in taken]
 
 
 def _check_existing_taps(folder: Path, tap_layers: tuple[int, ...]) -> None:
