@@ -116,6 +116,8 @@ def test_head_training_loss_decreases(target, corpus, tmp_path, unroll):
     assert last < 0.8 * first, (first, last)
     assert summary["step"] == summary["total_steps"] == len(steps)
     assert 0.0 <= summary["val"]["top1"] <= 1.0
+    train, val = split_shards(corpus, 0.25)  # the shards it read, for training.json
+    assert summary["corpus_shards"] == {"train": [p.name for p in train], "held_out": [p.name for p in val]}
 
 
 def test_head_init_from_target_passes_feature_through(target):

@@ -68,16 +68,19 @@ def all_sequences(folder: str | Path) -> list[Sequence]:
     return [s for shard in read_shards(folder) for s in shard_sequences(shard)]
 
 
-def train_val_sequences(corpus_dir: str | Path, val_fraction: float,
-                        max_train_sequences: int | None = None) -> tuple[list[Sequence], list[Sequence]]:
-    """(train, val) sequences of a corpus; ``max_train_sequences`` keeps that many train sequences."""
+def train_val_sequences(corpus_dir: str | Path, val_fraction: float, max_train_sequences: int | None = None
+                        ) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
+    """(train, val) sequences of a corpus, and the shard names each came from (``{"train": [...],
+    "held_out": [...]}``, as read now: a corpus may grow later); ``max_train_sequences`` keeps that many
+    train sequences."""
     train_paths, val_paths = split_shards(corpus_dir, val_fraction)
+    shards = {"train": [p.name for p in train_paths], "held_out": [p.name for p in val_paths]}
     train_seqs = load_sequences(train_paths)
     if max_train_sequences and int(max_train_sequences) < len(train_seqs):
         # evenly spaced: shards follow prompt length, so a prefix would keep only the short prompts
         keep = torch.linspace(0, len(train_seqs) - 1, int(max_train_sequences)).round().long().unique()
         train_seqs = [train_seqs[i] for i in keep.tolist()]
-    return train_seqs, load_sequences(val_paths)
+    return train_seqs, load_sequences(val_paths), shards
 
 
 def make_batches(lengths: list[int], token_budget: int, max_batch: int, seed: int, epoch: int,

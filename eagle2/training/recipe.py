@@ -56,15 +56,14 @@ def corpus_tap_layers(target, setting) -> tuple[int, ...]:
     return tuple(int(i) for i in setting)
 
 
-def _write_training_card(folder: Path, kind: str, cfg, root: Path, summary: dict, dtype: torch.dtype) -> None:
-    """``training.json`` beside an export: the corpus and recipe settings, the shards it split into, the summary."""
+def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
+    """``training.json`` beside an export: the corpus and recipe settings, the shards the trainer read
+    (train and held out, as split when it started), the summary."""
     from omegaconf import OmegaConf
 
-    from eagle2.training.data import split_shards
-
-    train, held_out = split_shards(root / cfg.train.corpus.out_dir, cfg.train[kind].val_fraction)
+    summary = dict(summary)
     info = {"kind": kind, "target": cfg.model.name, "corpus": OmegaConf.to_container(cfg.train.corpus),
-            "corpus_shards": {"train": [p.name for p in train], "held_out": [p.name for p in held_out]},
+            "corpus_shards": summary.pop("corpus_shards"),
             "recipe": OmegaConf.to_container(cfg.train[kind]), "stored_dtype": str(dtype).replace("torch.", ""),
             "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
@@ -91,7 +90,7 @@ def head_stage(target, cfg, root: Path) -> Path | None:
     dtype = export_dtype(head, cfg.train.export.head_max_mb)
     folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
     _check_size(folder, cfg.train.export.head_max_mb)
-    _write_training_card(folder, "head", cfg, root, summary, dtype)
+    _write_training_card(folder, "head", cfg, summary, dtype)
     return folder
 
 
@@ -108,7 +107,7 @@ def eagle3_stage(target, cfg, root: Path) -> Path | None:
     dtype = export_dtype(head, max_mb)
     folder = save_eagle3_head(head, root / cfg.train.export.eagle3_head, dtype=dtype)
     _check_size(folder, max_mb)
-    _write_training_card(folder, "eagle3", cfg, root, summary, dtype)
+    _write_training_card(folder, "eagle3", cfg, summary, dtype)
     return folder
 
 
@@ -123,7 +122,7 @@ def draft_stage(target, cfg, root: Path) -> Path | None:
     dtype = export_dtype(draft, cfg.train.export.draft_max_mb)
     folder = save_draft_model(draft, root / cfg.train.export.draft, dtype=dtype)
     _check_size(folder, cfg.train.export.draft_max_mb)
-    _write_training_card(folder, "draft", cfg, root, summary, dtype)
+    _write_training_card(folder, "draft", cfg, summary, dtype)
     return folder
 
 

@@ -30,7 +30,7 @@ def _dtype(name: str) -> torch.dtype:
     return resolve_dtype(name)
 
 
-def _sequences(corpus_dir, cfg) -> tuple[list[Sequence], list[Sequence]]:
+def _sequences(corpus_dir, cfg) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
     return train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
 
 
@@ -38,7 +38,7 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     """Train an EAGLE head on ``corpus_dir``; checkpoints and metrics go to ``out_dir``."""
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs = _sequences(corpus_dir, cfg)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     head = new_head(target, cfg.init_from_target, cfg.num_layers)
     if cfg.init_from:  # continue from a trained head (published format); its draft vocabulary too
         from eagle2.head import load_head
@@ -53,6 +53,7 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     # (the unroll settings are in the fingerprint only when unrolling: older checkpoints still resume)
     extra = {} if unroll == 1 else {"unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction)}
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra, **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
     return head.eval(), summary
 
 
@@ -79,7 +80,7 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs = _sequences(corpus_dir, cfg)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     if cfg.init_from:
         from eagle2.eagle3_head import load_eagle3_head
 
@@ -93,6 +94,7 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
              "draft_vocab_size": head.draft_vocab_size}
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
     return head.eval(), summary
 
 
@@ -102,9 +104,10 @@ def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwar
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs = _sequences(corpus_dir, cfg)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     draft = build_draft_model(target, cfg.num_layers, cfg.init_from_target)
     proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
     loss_fn = partial(draft_loss, proj=proj, loss_on_prompt=cfg.loss_on_prompt)
     summary = fit(draft, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="draft", **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
     return draft.eval(), summary
