@@ -81,10 +81,11 @@ WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
 
 def drafter_locations(cfg: DictConfig) -> dict[str, str]:
     """Where the drafter weights the method needs (its YAML's ``weights``) are, by model-config key."""
-    missing = [key for key in method_spec(cfg.method).weights if not cfg.model.get(key)]
+    keys = method_spec(cfg.method).weights
+    missing = [key for key in keys if not cfg.model.get(key)]
     if missing:
         raise ValueError(f"model {cfg.model.name} names no model.{missing[0]}, which method={cfg.method.name} needs")
-    return {key: resolve_artifact(cfg.model[key]) for key in method_spec(cfg.method).weights}
+    return {key: resolve_artifact(cfg.model[key]) for key in keys}
 
 
 def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
