@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from eagle2.runner import record_cell_failure, run
+    from eagle2.bench.runner import record_cell_failure, run
 
     try:
         run(cfg)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     import torch
 
-    from eagle2.models import load_target
+    from eagle2.bench.models import load_target
     from eagle2.training.recipe import run_stages, stages_of
 
     stages_of(cfg.stage)  # an unknown stage fails before the target loads

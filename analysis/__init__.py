@@ -1,0 +1,1 @@
+"""Analysis: pandas over stored result rows into metrics, figures and tables; it never runs a model."""

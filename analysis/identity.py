@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.metrics import baseline_rows, load_rows, variant_labels
-from eagle2.results import read_rows
+from eagle2.bench.results import read_rows
 
 RECORD_SUFFIX = ".identity.ndjson"
 STATUSES = ("identical", "numeric", "algorithmic", "unaudited", "no_plain")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eagle2.results import read_rows
+from eagle2.bench.results import read_rows
 
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
 

@@ -13,9 +13,9 @@ import statistics
 
 import torch
 
+from eagle2.core.engine import generate
+from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.plain import PlainDrafter
-from eagle2.engine import generate
-from eagle2.sampling import SamplingParams
 from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 

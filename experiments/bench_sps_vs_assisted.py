@@ -13,11 +13,11 @@ import statistics
 
 import torch
 
-from eagle2.draft_model import load_draft_model
+from eagle2.bench.runner import resolve_artifact
+from eagle2.core.engine import generate
+from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.sps import SpsDrafter
-from eagle2.engine import generate
-from eagle2.runner import resolve_artifact
-from eagle2.sampling import SamplingParams
+from eagle2.heads.draft_model import load_draft_model
 from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 

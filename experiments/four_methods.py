@@ -4,7 +4,7 @@ by name (``pld``, ``medusa``, ...), ``eagle2_lookup`` (EAGLE-2 with its lookup b
 (``oracle`` or ``oracleN``, depth N: list it after plain, whose temperature-0 rows it reads from the same
 results folder; its tau is the ceiling, its speed is no method's).
 
-Each (method, dataset, temperature) cell is an ordinary run through ``eagle2.runner`` (so rows resume), then the
+Each (method, dataset, temperature) cell is an ordinary run through ``eagle2.bench.runner`` (so rows resume), then the
 table is computed from the stored rows by ``analysis.metrics``: tokens/s, speedup over plain on the
 same turns, tau, where round time goes (draft forwards, verify forwards, everything else), and the
 cost-model prediction speedup ~ tau * T(1) / (T_draft + T_verify) beside the measured speedup.
@@ -28,8 +28,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from analysis.metrics import ORACLE_NOTE, load_rows, method_table, oracle_efficiency
-from eagle2.results import config_hash
-from eagle2.runner import run
+from eagle2.bench.results import config_hash
+from eagle2.bench.runner import run
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VARIANTS = {"eagle2_auto": ["method=eagle2", "method.total_tokens=auto"],  # name -> overrides

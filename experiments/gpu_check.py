@@ -12,7 +12,7 @@ Three stages, each a group of rows:
    (``python -m eagle2.identity``) of their greedy outputs against plain decoding's;
 3. ``verify_cost``: the target's verify cost T(q)/T(1) for q = 1..64 tree tokens (one forward after a
    512-token context, the engine's own masked tree forward, median of 5) for random-weight Llama models
-   with Vicuna-7B's and LLaMA-3-8B's exact shapes in fp16 (``eagle2.shapes``; weights random, built on
+   with Vicuna-7B's and LLaMA-3-8B's exact shapes in fp16 (``eagle2.heads.shapes``; weights random, built on
    the GPU in seconds).
 
 Without a CUDA device it says so in one line and runs the CPU half: stage 1's greedy identity cases in
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from eagle2.engine import device_clock
+from eagle2.core.engine import device_clock
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("plain", "sps", "eagle", "eagle2")
@@ -110,7 +110,7 @@ def compose(*overrides):
 
 
 def run_smollm2(plan: Plan, results: Path, threads: int | None) -> list[dict]:
-    from eagle2.runner import run
+    from eagle2.bench.runner import run
 
     common = ["model=smollm2", f"model.device={plan.device}", *plan.smollm2, "dataset=mt_bench",
               f"dataset.limit={plan.questions}", f"max_new_tokens={plan.new_tokens}", f"paths.results={results}",
@@ -129,7 +129,7 @@ def run_smollm2(plan: Plan, results: Path, threads: int | None) -> list[dict]:
 
 
 def _peak_memory(results: Path, method: str) -> float | None:
-    from eagle2.results import read_rows
+    from eagle2.bench.results import read_rows
 
     peaks = [r.get("peak_memory_mb") for path in results.rglob(f"{method}-*.jsonl") for r in read_rows(path)]
     peaks = [p for p in peaks if p is not None]
@@ -139,7 +139,7 @@ def _peak_memory(results: Path, method: str) -> float | None:
 def audit(results: Path, device: str) -> dict:
     """``python -m eagle2.identity RESULTS`` (reference target on the same device), summarised."""
     from analysis.identity import load_audit_records
-    from eagle2.identity import main as identity_main
+    from eagle2.bench.identity import main as identity_main
 
     code = identity_main([str(results), "--override", f"model.device={device}"])
     counts: dict[str, dict[str, int]] = {}
@@ -153,9 +153,9 @@ def audit(results: Path, device: str) -> dict:
 # ---- stage 3: verify cost at the real shapes ---------------------------------------------------------
 
 def verify_cost(plan: Plan, name: str) -> dict:
-    from eagle2.cost_profile import measure_verify
-    from eagle2.models import resolve_dtype
-    from eagle2.shapes import PUBLISHED, llama_config, random_llama
+    from eagle2.core.precision import resolve_dtype
+    from eagle2.drafters.cost_profile import measure_verify
+    from eagle2.heads.shapes import PUBLISHED, llama_config, random_llama
 
     width = plan.shape_width and plan.shape_width * PUBLISHED[name]["num_attention_heads"]
     config = llama_config(name, layers=plan.shape_layers, width=width)

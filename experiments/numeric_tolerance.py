@@ -6,7 +6,7 @@ teacher-forced forward in the same dtype (the shape of a tree verification) and 
 teacher-forced forward in the reference dtype (float32, or float64 for a float32 run). For each
 position and each run it takes the error of the gap between each of the reference top-5 tokens and
 the reference top-1, divided by eps(dtype) * max|reference logit|: the quantity that
-``eagle2.identity.TOLERANCE_FACTORS`` must bound. It also counts the positions where the dtype
+``eagle2.bench.identity.TOLERANCE_FACTORS`` must bound. It also counts the positions where the dtype
 disagrees with itself (one-token vs teacher-forced argmax) and the reference margins there.
 
 Run: ``python -m experiments.numeric_tolerance --dtype bfloat16 --prompts 8 --new-tokens 96``.
@@ -18,10 +18,10 @@ import argparse
 
 import torch
 
-from eagle2.cache import forward_target, new_cache
-from eagle2.chat import encode_conversation
-from eagle2.data import benchmark_file, load_questions
-from eagle2.identity import reference_dtype, reference_logits
+from eagle2.bench.chat import encode_conversation
+from eagle2.bench.data import benchmark_file, load_questions
+from eagle2.bench.identity import reference_dtype, reference_logits
+from eagle2.core.cache import forward_target, new_cache
 from experiments.side_by_side import smollm2
 
 

@@ -1,16 +1,17 @@
 """What the side-by-side benchmarks share: SmolLM2 with MT-bench first-turn prompts, timing two
 decoders over the same prompts in alternating order, repetition after repetition, and comparing
-their outputs: equal in fp32, audited (``eagle2.identity``) in half precision."""
+their outputs: equal in fp32, audited (``eagle2.bench.identity``) in half precision."""
 
 from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from eagle2.chat import encode_conversation
-from eagle2.data import benchmark_file, load_questions
-from eagle2.engine import device_clock
-from eagle2.identity import classify, reference_dtype, reference_logits
-from eagle2.models import dtype_name, load_target
+from eagle2.bench.chat import encode_conversation
+from eagle2.bench.data import benchmark_file, load_questions
+from eagle2.bench.identity import classify, reference_dtype, reference_logits
+from eagle2.bench.models import load_target
+from eagle2.core.engine import device_clock
+from eagle2.core.precision import dtype_name
 
 
 def add_common_arguments(ap, reps: int) -> None:

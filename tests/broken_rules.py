@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def accept_second_choice_too(tree, target_logits):
     """BROKEN greedy rule: a drafted child is accepted when its token is the target's first OR second
-    choice. Same signature and return as ``eagle2.engine.accept_greedy``."""
+    choice. Same signature and return as ``eagle2.core.engine.accept_greedy``."""
     top2 = target_logits.topk(2, dim=-1).indices.tolist()
     tokens = tree.tokens.tolist()
     node, path = 0, []

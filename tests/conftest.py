@@ -12,7 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(int(os.environ.get("EAGLE2_TEST_THREADS", min(2, torch.get_num_threads()))))
+# the cores are shared among pytest-xdist workers (`make test` runs two): one thread each on 2 cores
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+torch.set_num_threads(int(os.environ.get("EAGLE2_TEST_THREADS", max(1, min(2, torch.get_num_threads()) // _WORKERS))))
 
 
 def pytest_configure(config):
@@ -39,7 +41,7 @@ def tiny_llama(vocab: int = 64, layers: int = 2, seed: int = 0, hidden: int = 32
 
 
 def tiny_head(target, seed: int = 0):
-    from eagle2.head import EagleHead, head_config_from_target
+    from eagle2.heads.eagle_head import EagleHead, head_config_from_target
 
     torch.manual_seed(seed)
     return EagleHead(head_config_from_target(target.config)).attach_embedding(target.get_input_embeddings()).eval()
@@ -51,8 +53,8 @@ _EAGLE3_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None):
     """A random EAGLE-3 head for ``target`` on its device and dtype. A target shallower than 4 layers
     fuses layers (0, L//2, L-1); a reduced draft vocabulary takes a random subset of the tokens."""
-    from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target
-    from eagle2.features import eagle3_layers
+    from eagle2.core.features import eagle3_layers
+    from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target
 
     layers = target.config.num_hidden_layers
     fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
@@ -76,7 +78,7 @@ def shared_eagle3_head(target):
 def smollm2():
     from omegaconf import OmegaConf
 
-    from eagle2.models import load_target
+    from eagle2.bench.models import load_target
 
     return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
 
@@ -86,10 +88,10 @@ def synthetic_cost_profile(monkeypatch):
     """``total_tokens=auto`` budgets from a fixed cost profile (verify 1 + 0.05 q, draft 0.1 per depth)
     instead of timings measured on this (shared, noisy) machine: certification results must not depend
     on the machine's load. The measured path has its own tests (test_cost_budget)."""
-    import eagle2.cost_profile as cost_profile
-    from eagle2.budget import CostProfile
+    import eagle2.drafters.cost_profile as cost_profile
+    from eagle2.drafters.budget import CostProfile
 
-    def fixed(target, head, drafting, *, depth, top_k, max_q=64, **_):
+    def fixed(target, head, drafting, make_drafter, *, depth, top_k, max_q=64, **_):
         return CostProfile([1.0 + 0.05 * q for q in range(1, max_q + 1)], [0.1 * d for d in range(1, depth + 1)],
                            256, {"synthetic": True})
 

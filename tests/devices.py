@@ -3,7 +3,7 @@ and bf16, those cases marked ``gpu`` (``pytest -m gpu`` selects them; without a 
 skipped). ``EAGLE2_GPU_TEST_DEVICE=cpu`` runs the gpu-marked half-precision cases on the CPU instead,
 to check them on a machine without a GPU (``python -m experiments.gpu_check`` does, there).
 
-Greedy identity in half precision is the identity audit's (``eagle2.identity.classify``): a tree
+Greedy identity in half precision is the identity audit's (``eagle2.bench.identity.classify``): a tree
 forward and a one-token forward round differently, so an output may leave plain decoding's at a
 near-tie; that is allowed (``numeric``), a token no rounding explains (``algorithmic``) is not.
 """
@@ -47,8 +47,8 @@ def assert_greedy_lossless(target32, dtype: torch.dtype, prompt: list[int], outp
     if dtype == torch.float32:
         assert output == plain
         return
-    from eagle2.identity import classify, reference_logits
-    from eagle2.models import dtype_name
+    from eagle2.bench.identity import classify, reference_logits
+    from eagle2.core.precision import dtype_name
 
     reference = copy.deepcopy(target32).to("cpu", torch.float64)
     record = classify(reference_logits(reference, prompt, output), output, plain, dtype_name(str(dtype)[6:]))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle2.cache import cache_length, forward_target, keep_tree_path, new_cache
-from eagle2.tree import DraftTree
+from eagle2.core.cache import cache_length, forward_target, keep_tree_path, new_cache
+from eagle2.core.tree import DraftTree
 from tests.conftest import tiny_llama
 
 

@@ -18,11 +18,11 @@ import torch
 from omegaconf import OmegaConf
 from scipy.stats import chisquare
 
-import eagle2.engine as engine
-from eagle2.accept import accept_stochastic
-from eagle2.drafters import build_drafter
-from eagle2.sampling import SamplingParams, probabilities
-from eagle2.tree import DraftTree
+import eagle2.core.engine as engine
+from eagle2.bench.methods import build_drafter
+from eagle2.core.accept import accept_stochastic
+from eagle2.core.sampling import SamplingParams, probabilities
+from eagle2.core.tree import DraftTree
 from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import device_params, on
 

@@ -4,7 +4,7 @@ The chi-square certification (``test_certification.py``) samples, so it cannot s
 nothing is sampled. With the same tiny 8-token target, draft and head, the context is fixed (the
 prompt plus a fixed first token) and one round runs through the real engine (``engine.generate``:
 the drafter's proposal, the tree's mask, position ids and cache, the target's verify forward). Every
-random draw goes through an injectable ``Draws`` (``eagle2.sampling``): ``ReplayDraws`` answers a
+random draw goes through an injectable ``Draws`` (``eagle2.core.sampling``): ``ReplayDraws`` answers a
 fixed list of decisions and stops at the first undecided one, so a depth-first search over decision
 prefixes enumerates every outcome with its exact probability — first the drafter's own choices (SpS's
 sampled chain; EAGLE's deterministic trees give one outcome), then, for each drafted tree, every
@@ -24,13 +24,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.engine as engine
+import eagle2.core.engine as engine
 import tests.test_certification as cert
-from eagle2.accept import accept_stochastic
-from eagle2.drafters import build_drafter
+from eagle2.bench.methods import build_drafter
+from eagle2.core.accept import accept_stochastic
+from eagle2.core.sampling import Draws, SamplingParams, probabilities
+from eagle2.core.tree import DraftTree
 from eagle2.drafters.sps import SpsDrafter
-from eagle2.sampling import Draws, SamplingParams, probabilities
-from eagle2.tree import DraftTree
 from tests.conftest import shared_eagle3_head
 
 pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load

@@ -9,11 +9,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.budget as budget
-import eagle2.cost_profile as cp
-import eagle2.engine as engine
-from eagle2.drafters import build_drafter
-from eagle2.sampling import SamplingParams
+import eagle2.core.engine as engine
+import eagle2.drafters.budget as budget
+import eagle2.drafters.cost_profile as cp
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from tests.conftest import tiny_head, tiny_llama
 
 
@@ -60,9 +61,17 @@ def tiny():
     return target, tiny_head(target, seed=2)
 
 
+def _profile(target, head, **settings):
+    """The cost profile of ``target`` + ``head`` with an EAGLE-2 drafter of top-k 2."""
+    def make_drafter(d):
+        return Eagle2Drafter(head, target.lm_head, target.device, depth=d, top_k=2, total_tokens=1)
+
+    return cp.get_profile(target, head, {}, make_drafter, **settings)
+
+
 def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch):
     target, head = tiny
-    prof = cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
+    prof = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
     assert len(prof.verify_s) == 6 and len(prof.draft_s) == 2 and all(t > 0 for t in prof.verify_s + prof.draft_s)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["verify_s"] == prof.verify_s
@@ -72,21 +81,21 @@ def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatc
         raise AssertionError("measured again")
 
     monkeypatch.setattr(cp, "measure_verify", no_measuring)
-    again = cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
+    again = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
     assert again.verify_s == prof.verify_s
     other = tmp_path / "other"  # other settings: another profile
     with pytest.raises(AssertionError, match="measured again"):
-        cp.get_profile(target, head, {}, depth=3, top_k=2, profile_dir=other, max_q=6, reps=1, context=8)
+        _profile(target, head, depth=3, top_k=2, profile_dir=other, max_q=6, reps=1, context=8)
 
 
 def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
     target, head = tiny
-    cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
+    _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
     monkeypatch.setattr(cp, "_loaded", {})
     calls = []
     real = cp.measure_verify
     monkeypatch.setattr(cp, "measure_verify", lambda *a, **k: calls.append(1) or real(*a, **k))
-    cp.get_profile(target, head, {}, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8,
+    _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8,
                    remeasure=True)
     assert calls == [1]
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from eagle2.chat import render
-from eagle2.data import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
+from eagle2.bench.chat import render
+from eagle2.bench.data import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
+from eagle2.bench.validation import QuestionFileError
 from eagle2.training.corpus import training_prompts
-from eagle2.validation import QuestionFileError
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)

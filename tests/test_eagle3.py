@@ -9,12 +9,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from eagle2.drafters import build_drafter
-from eagle2.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
-from eagle2.engine import generate
-from eagle2.features import LayerTap, eagle3_layers
-from eagle2.head import causal_mask
-from eagle2.sampling import SamplingParams
+from eagle2.bench.methods import build_drafter
+from eagle2.core.engine import generate
+from eagle2.core.features import LayerTap, eagle3_layers
+from eagle2.core.sampling import SamplingParams
+from eagle2.heads.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
+from eagle2.heads.eagle_head import causal_mask
 from tests.conftest import tiny_eagle3_head, tiny_llama
 
 GREEDY = SamplingParams()
@@ -147,8 +147,8 @@ def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, s
     """The done-when check: a random head in the official layout for SmolLM2's shape, via
     ``method=eagle3 model.eagle3_head=DIR``, decodes token-identically to plain in fp32."""
     from analysis.metrics import iter_rows
-    from eagle2.data import PROJECT_ROOT
-    from eagle2.runner import run
+    from eagle2.bench.data import PROJECT_ROOT
+    from eagle2.bench.runner import run
 
     head_dir = save_eagle3_head(random_eagle3_head(smollm2[0], draft_vocab_size=8192), tmp_path / "head")
     common = ["logger=none", "warmup_tokens=0", "dataset=gsm8k", "dataset.limit=1", "max_new_tokens=12",

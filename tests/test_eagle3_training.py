@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle2.eagle3_head import load_eagle3_head, save_eagle3_head
-from eagle2.features import eagle3_layers
+from eagle2.core.features import eagle3_layers
+from eagle2.heads.eagle3_head import load_eagle3_head, save_eagle3_head
 from eagle2.training.corpus import build_corpus, read_shards
 from eagle2.training.data import all_sequences
 from eagle2.training.evaluate import evaluate_eagle3_head

@@ -1,6 +1,6 @@
 """Device-correct measurement and budgets counted as the authors count them.
 
-- every timed section goes through ``eagle2.engine.device_clock`` (a CUDA sync before the clock);
+- every timed section goes through ``eagle2.core.engine.device_clock`` (a CUDA sync before the clock);
 - CUDA out of memory in one sweep cell (raised here from a fake forward, or from a fake loader) is a
   failed row, and the sweep goes on with the next cells;
 - rows record the EAGLE-2 budget in both forms (ours in ``method_config``, the authors' in
@@ -18,10 +18,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.engine as engine
-import eagle2.runner as runner
-from eagle2.head import save_head
-from eagle2.results import read_rows
+import eagle2.bench.runner as runner
+import eagle2.core.engine as engine
+from eagle2.bench.results import read_rows
+from eagle2.heads.eagle_head import save_head
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_sampling_coins_are_drawn_on_the_generators_device(monkeypatch):
     generator's device (seen here through a stand-in generator; the gpu-marked tests run it for real)."""
     from types import SimpleNamespace
 
-    from eagle2.sampling import TorchDraws
+    from eagle2.core.sampling import TorchDraws
 
     seen = []
     monkeypatch.setattr(torch, "rand", lambda *shape, generator=None, device=None: seen.append(device) or

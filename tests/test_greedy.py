@@ -8,11 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.engine as engine
-from eagle2.chat import encode_conversation
-from eagle2.drafters import build_drafter
-from eagle2.sampling import SamplingParams
-from eagle2.tree import DraftTree
+import eagle2.core.engine as engine
+from eagle2.bench.chat import encode_conversation
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.core.tree import DraftTree
 from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import assert_greedy_lossless, device_params, on
 
@@ -134,7 +134,7 @@ def test_reduced_draft_vocabulary_stays_lossless(tiny):
 
 
 class SiblingOracle:
-    """A drafter (eagle2/engine.py's interface) that proposes the target's own greedy continuation
+    """A drafter (eagle2/core/engine.py's interface) that proposes the target's own greedy continuation
     ``reference`` ``depth`` levels deep, never as a first child: at depth d the right token is sibling
     rank 1 + d % 2, after wrong siblings that each carry a wrong child. A lossless engine accepts every
     level, so each round commits depth + 1 tokens through non-first children."""

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from analysis.metrics import iter_rows, load_failures
 from analysis.report import build_report
-from eagle2.head import save_head
+from eagle2.heads.eagle_head import save_head
 from experiments.recipe import EXPERIMENTS, commands
 from tests.conftest import tiny_head
 
@@ -189,7 +189,7 @@ def test_recipe_commands():
 
 
 def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
-    from eagle2.results import ResultStore, config_hash
+    from eagle2.bench.results import ResultStore, config_hash
 
     overrides = ["method=plain", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}"]
     cfg = compose_cfg(*overrides)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.head import causal_mask, load_head, save_head
+from eagle2.heads.eagle_head import causal_mask, load_head, save_head
 
 H, INTER, VOCAB, HEADS = 32, 64, 64, 4
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle2.draft_model import load_draft_model
-from eagle2.head import load_head
-from eagle2.results import read_rows
+from eagle2.bench.results import read_rows
+from eagle2.heads.draft_model import load_draft_model
+from eagle2.heads.eagle_head import load_head
 from tests.conftest import tiny_llama
 from tests.zoo_fixtures import published_head_weights, save_weights, write_full_draft, write_published_head
 
@@ -41,7 +41,7 @@ HEAD_VARIANTS = {  # name -> writer options: each a way the authors' heads reall
 def test_published_head_variants_load_weight_for_weight(target, tmp_path, variant, caplog):
     options = HEAD_VARIANTS[variant]
     folder = write_published_head(tmp_path / "head", target.config, **options)
-    with caplog.at_level(logging.INFO, logger="eagle2.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="eagle2.heads.checkpoint"):
         head = load_head(folder, target)
     written = torch.load(folder / "pytorch_model.bin", weights_only=True) if options.get("fmt") != "safetensors" \
         else __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(folder / "model.safetensors"))
@@ -146,7 +146,7 @@ def test_authors_head_decodes_like_plain_on_smollm2(tmp_path, smollm2):
     ``pytorch_model.bin`` with ``embed_tokens.weight``, config without ``rope_theta``) loads with
     ``model.head=DIR`` for SmolLM2 and EAGLE-2 decodes token-identically to plain in fp32 (the static
     tree with such heads: tests/test_zoo.py)."""
-    from eagle2.runner import run
+    from eagle2.bench.runner import run
     from tests.test_runner import config
 
     head = write_published_head(tmp_path / "head", smollm2[0].config, rope_theta=False)  # as for Vicuna

@@ -1,4 +1,4 @@
-"""The identity audit tells numeric drift from algorithmic errors (eagle2.identity, analysis.identity).
+"""The identity audit tells numeric drift from algorithmic errors (eagle2.bench.identity, analysis.identity).
 
 Unit tests classify hand-made logits; the end-to-end test runs SmolLM2 in bf16 (where outputs drift
 from plain decoding at near-ties) and shows the audit finds only numeric divergences for a lossless
@@ -12,11 +12,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import eagle2.engine as engine
+import eagle2.core.engine as engine
 from analysis.identity import identity_table
-from eagle2.data import PROJECT_ROOT
-from eagle2.identity import audit_results, classify, tolerance
-from eagle2.runner import run
+from eagle2.bench.data import PROJECT_ROOT
+from eagle2.bench.identity import audit_results, classify, tolerance
+from eagle2.bench.runner import run
 from tests.broken_rules import accept_second_choice_too
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-import eagle2.engine as engine
+import eagle2.core.engine as engine
 import tests.test_certification as cert
 import tests.test_certification_exact as exact_cert
 from tests.broken_rules import accept_second_choice_too

@@ -12,12 +12,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.engine as engine
-from eagle2.drafters import build_drafter
+import eagle2.core.engine as engine
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.core.tree import choice_paths
 from eagle2.drafters.medusa import MedusaDrafter
-from eagle2.medusa import MC_SIM_7B_63, MedusaHeads, load_medusa_heads, save_medusa_heads
-from eagle2.sampling import SamplingParams
-from eagle2.tree import choice_paths
+from eagle2.heads.medusa_heads import MC_SIM_7B_63, MedusaHeads, load_medusa_heads, save_medusa_heads
 from tests.conftest import tiny_llama
 
 GREEDY = SamplingParams()
@@ -181,7 +181,7 @@ def test_wrong_commit_breaks_identity(target, monkeypatch):
 
 @pytest.mark.slow
 def test_medusa_equals_plain_on_smollm2_with_shipped_head(smollm2):
-    from eagle2.chat import encode_conversation
+    from eagle2.bench.chat import encode_conversation
 
     model, tok = smollm2
     heads = load_medusa_heads(PROJECT / "artifacts/smollm2/medusa_head", model)

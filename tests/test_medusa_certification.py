@@ -17,10 +17,10 @@ import torch
 
 import tests.test_certification as cert
 import tests.test_certification_exact as exact_cert
-from eagle2.accept import accept_stochastic
-from eagle2.drafters import build_drafter
-from eagle2.sampling import SamplingParams, as_draws
-from eagle2.tree import DraftTree
+from eagle2.bench.methods import build_drafter
+from eagle2.core.accept import accept_stochastic
+from eagle2.core.sampling import SamplingParams, as_draws
+from eagle2.core.tree import DraftTree
 from tests.test_medusa import tiny_medusa
 
 MEDUSA = {"name": "medusa", "choices": [[0], [1], [2], [3], [0, 0], [1, 0], [2, 0], [3, 0]]}
@@ -106,7 +106,7 @@ def test_medusa_matches_target_distribution(models, with_medusa, params):
 @pytest.mark.slow
 def test_medusa_typical_acceptance_fails_chi_square(models, with_medusa, monkeypatch):
     """Negative control end to end: Medusa's typical acceptance is rejected by the same test."""
-    import eagle2.engine as engine
+    import eagle2.core.engine as engine
 
     monkeypatch.setattr(engine, "accept_stochastic",
                         lambda tree, p, gen: typical_acceptance(tree, p, as_draws(gen)))

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from eagle2.drafters.oracle import OracleDrafter, reference_outputs
-from eagle2.tree import DraftTree
+from eagle2.bench.oracle_references import reference_outputs
+from eagle2.core.tree import DraftTree
+from eagle2.drafters.oracle import OracleDrafter
 from tests.test_greedy import PROMPTS, SPEC_METHODS, decode
 
 DEPTH = 4  # every other method below drafts at most 4 deep

@@ -1,4 +1,4 @@
-"""Prompt lookup: n-gram matching (``eagle2.lookup``), the trie of chains, and the PLD drafter's trees.
+"""Prompt lookup: n-gram matching (``eagle2.drafters.lookup``), the trie of chains, and the PLD drafter's trees.
 Losslessness of PLD is certified in ``test_lossless_new_methods.py``."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from eagle2.drafters import build_drafter
-from eagle2.lookup import LookupSettings, chains_to_tree, find_chains
-from eagle2.sampling import SamplingParams
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.drafters.lookup import LookupSettings, chains_to_tree, find_chains
 
 
 def test_longest_ngram_wins_and_most_recent_first():

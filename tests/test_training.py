@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.draft_model import build_draft_model, load_draft_model, save_draft_model
-from eagle2.head import load_head, save_head
+from eagle2.heads.draft_model import build_draft_model, load_draft_model, save_draft_model
+from eagle2.heads.eagle_head import load_head, save_head
 from eagle2.training.corpus import build_corpus, worker_batches
 from eagle2.training.data import all_sequences, make_batches, split_shards
 from eagle2.training.evaluate import chain_anchors, draft_chain, evaluate_draft, evaluate_head, head_chain
@@ -212,7 +212,7 @@ def _slow_chain(step_fn, seq, anchors, depth):
 
 
 def test_chain_drafting_matches_step_by_step_reference(target, corpus):
-    from eagle2.head import causal_mask
+    from eagle2.heads.eagle_head import causal_mask
     from eagle2.training.models import new_head
 
     seq = all_sequences(corpus)[3]
@@ -327,7 +327,7 @@ def test_draft_load_names_a_bad_key(target, tmp_path, damage):
 
 
 def test_draft_layers_start_from_evenly_spaced_target_layers(target):
-    from eagle2.draft_model import layer_sources
+    from eagle2.heads.draft_model import layer_sources
 
     assert layer_sources(30, 2) == [0, 29] and layer_sources(30, 3) == [0, 14, 29] and layer_sources(30, 1) == [29]
     draft = build_draft_model(target, 2)
@@ -353,7 +353,7 @@ def test_ordinary_checkpoint_folder_loads_with_its_own_embedding(target, tmp_pat
 def test_dataset_answers_corpus_is_teacher_forced(target, tmp_path):
     """With the dataset's own answers the target reads them: tokens are prompt + answer, and the stored
     features equal a plain forward over that sequence."""
-    from eagle2.cache import forward_target, new_cache
+    from eagle2.core.cache import forward_target, new_cache
     from eagle2.training.corpus import read_shards
 
     answers = [f"answer {i}" for i in range(len(PROMPTS))]
@@ -375,8 +375,8 @@ def test_dataset_answers_corpus_is_teacher_forced(target, tmp_path):
 def _unrolled_reference(head, seq, steps: int) -> list[dict[int, torch.Tensor]]:
     """Per step s, {position j: predicted feature}, drafted one chain at a time through a KV cache:
     the true prefix 0..a, then s-1 of the head's own features (true tokens)."""
-    from eagle2.cache import new_cache
-    from eagle2.head import causal_mask
+    from eagle2.core.cache import new_cache
+    from eagle2.heads.eagle_head import causal_mask
 
     tokens, feats = seq.tokens, seq.features.float()
     n_pos = len(tokens) - 1

@@ -8,10 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eagle2.drafters import build_drafter
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.core.tree import DraftTree
 from eagle2.drafters.eagle_common import tree_from_drafted
-from eagle2.sampling import SamplingParams
-from eagle2.tree import DraftTree
 from tests.conftest import tiny_head, tiny_llama
 
 

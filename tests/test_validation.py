@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eagle2 import runner
-from eagle2.data import QuestionFileError, check_question_file, load_questions
-from eagle2.validation import ConfigError, validate_run_config
+from eagle2.bench import runner
+from eagle2.bench.data import QuestionFileError, check_question_file, load_questions
+from eagle2.bench.validation import ConfigError, validate_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

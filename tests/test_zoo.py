@@ -2,7 +2,7 @@
 of every method through the runner on this CPU, with random weights of that model's shapes, and each
 method's output is token-identical to plain decoding in fp32.
 
-Targets are written from the published config facts (``eagle2.shapes``: width, heads, KV heads,
+Targets are written from the published config facts (``eagle2.heads.shapes``: width, heads, KV heads,
 vocabulary, RoPE, norm epsilon) with 1-2 decoder layers, with a byte-level tokenizer that has that
 family's vocabulary size and special tokens at their real ids, so the model config's own chat template,
 stop tokens and budget (the authors' total_token 60, depth 5, top_k 10) are what run. Drafter weights
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle2.methods import known_methods, method_spec
-from eagle2.results import read_rows
-from eagle2.runner import run
-from eagle2.shapes import PUBLISHED, llama_config
+from eagle2.bench.methods import known_methods, method_spec
+from eagle2.bench.results import read_rows
+from eagle2.bench.runner import run
+from eagle2.heads.shapes import PUBLISHED, llama_config
 from tests.test_runner import config
 from tests.zoo_fixtures import SPECIAL_TOKENS, WEIGHT_WRITERS, write_target
 
@@ -108,4 +108,4 @@ def test_zoo_true_width_every_method_equals_plain(zoo, name, method):
 
 
 def test_zoo_covers_every_gpu_model_config():
-    assert set(GPU_MODELS) == set(PUBLISHED), "a GPU model config without published shapes in eagle2/shapes.py"
+    assert set(GPU_MODELS) == set(PUBLISHED), "a GPU model config without published shapes in eagle2/heads/shapes.py"

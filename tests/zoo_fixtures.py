@@ -1,5 +1,5 @@
 """Random checkpoints written the way the real ones are published, for the zoo smoke tests and the
-head-format tests: targets with a GPU model config's shapes (``eagle2.shapes``) and a byte-level
+head-format tests: targets with a GPU model config's shapes (``eagle2.heads.shapes``) and a byte-level
 tokenizer with that family's vocabulary size and special tokens, EAGLE-1/2 heads in the authors'
 format and variants, EAGLE-3 heads in the official layout, SpS drafts as full causal-LM checkpoints (like
 ``double7/vicuna-68m``).
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.shapes import random_llama
+from eagle2.heads.shapes import random_llama
 
 # special tokens at their real ids, per vocabulary size (the Llama-2 and Llama-3 tokenizers)
 SPECIAL_TOKENS = {
@@ -93,7 +93,7 @@ def published_head_config(target_config: LlamaConfig, *, rope_theta: bool | None
 def published_head_weights(target_config: LlamaConfig, *, bias: bool = True, embed: bool = True,
                            inv_freq: bool = False, seed: int = 1, dtype=torch.float16) -> dict[str, torch.Tensor]:
     """Every tensor of an EAGLE-1/2 head at the target's width, as the authors' ``Model`` saves them."""
-    from eagle2.head import EagleHead, head_config_from_target
+    from eagle2.heads.eagle_head import EagleHead, head_config_from_target
 
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in EagleHead(head_config_from_target(target_config), bias=bias)
@@ -172,7 +172,7 @@ def write_eagle3_head(folder: Path, target_config: LlamaConfig, seed: int = 4, *
     ``pytorch_model.bin``, a draft vocabulary of a quarter of the target's with ``d2t``/``t2d``, no
     embedding). A target shallower than 4 layers (a zoo proxy) gets its fused layers named in
     ``eagle_config`` (0, L//2, L-1), as later official configs can name them."""
-    from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target, save_eagle3_head
+    from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target, save_eagle3_head
 
     layers = target_config.num_hidden_layers
     fused = None if layers >= 4 else (0, layers // 2, layers - 1)

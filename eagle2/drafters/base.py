@@ -1,8 +1,8 @@
-"""The drafter interface the engine (``eagle2.engine.generate``) drives, declared once.
+"""The drafter interface the engine (``eagle2.core.engine.generate``) drives, declared once.
 
 A drafter turns the committed context into a ``DraftTree`` each round and never sees verification.
 Each drafter module also has ``build(method_cfg, target, params, generator, weights) -> Drafter``,
-which its method's YAML names (``eagle2.methods``).
+which its method's YAML names (``eagle2.bench.methods``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from eagle2.tree import DraftTree
+from eagle2.core.tree import DraftTree
 
 
 class Drafter(Protocol):

@@ -5,10 +5,10 @@ the newest layer with the highest path value V (product of draft confidences fro
 incrementally as a sum of log-probabilities) are expanded with their ``top_k`` most likely children.
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
-(``total_tokens=auto``) the number kept is chosen per round by ``eagle2.budget.best_budget``: the
+(``total_tokens=auto``) the number kept is chosen per round by ``eagle2.drafters.budget.best_budget``: the
 count that maximises expected tokens per second, at most ``max_total_tokens``.
 
-Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.lookup``:
+Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
 what followed the last n tokens earlier in the prompt or output) is merged into the tree within the
 same budget. Its leading tokens that the head also drafted reuse those nodes (deduplicated, kept
 whatever their value); the rest hang below as new nodes; the remaining budget goes to the best other
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.budget import CostProfile, best_budget
+from eagle2.core.tree import DraftTree
+from eagle2.drafters import cost_profile
+from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, tree_from_drafted
-from eagle2.lookup import LookupSettings, find_chains
-from eagle2.tree import DraftTree
+from eagle2.drafters.lookup import LookupSettings, find_chains
 
 
 class Eagle2Drafter(HeadRunner):
@@ -135,12 +136,14 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
     head, drafting = weights["head"], drafting_settings(method_cfg, weights["head"])
     depth, top_k, total, profile = int(method_cfg.depth), int(method_cfg.top_k), method_cfg.total_tokens, None
     if str(total) == "auto":
-        from eagle2.cost_profile import get_profile
-
         total = int(method_cfg.get("max_total_tokens") or 64)
-        profile = get_profile(target, head, drafting, depth=depth, top_k=top_k,
-                              profile_dir=method_cfg.get("profile_dir"),
-                              remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
+
+        def make_drafter(d: int) -> Eagle2Drafter:  # the drafter whose rounds the profile times
+            return Eagle2Drafter(head, target.lm_head, target.device, depth=d, top_k=top_k, total_tokens=1, **drafting)
+
+        profile = cost_profile.get_profile(target, head, drafting, make_drafter, depth=depth, top_k=top_k,
+                                           profile_dir=method_cfg.get("profile_dir"),
+                                           remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
     elif not str(total).isdigit():
         raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
     lookup = None

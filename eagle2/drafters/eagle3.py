@@ -1,5 +1,5 @@
 """EAGLE-3: the EAGLE-2 dynamic tree (``eagle2.drafters.eagle2_dynamic``, unchanged: same budget, same
-per-node records) drafted by an EAGLE-3 head (``eagle2.eagle3_head``), which reads the fused inputs of
+per-node records) drafted by an EAGLE-3 head (``eagle2.heads.eagle3_head``), which reads the fused inputs of
 three target layers (captured by the engine) and drafts over its own reduced vocabulary."""
 
 from __future__ import annotations

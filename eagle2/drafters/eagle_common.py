@@ -15,10 +15,10 @@ import weakref
 
 import torch
 
-from eagle2.cache import crop, new_cache
-from eagle2.engine import device_clock
-from eagle2.head import causal_mask
-from eagle2.tree import additive_mask
+from eagle2.core.cache import crop, new_cache
+from eagle2.core.engine import device_clock
+from eagle2.core.tree import additive_mask
+from eagle2.heads.eagle_head import causal_mask
 
 log = logging.getLogger(__name__)
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -61,7 +61,7 @@ def draft_vocabulary(head, size):
 
 def drafting_settings(method_cfg, head) -> dict:
     """The drafting LM head's dtype and vocabulary, from an EAGLE method config."""
-    from eagle2.models import resolve_dtype
+    from eagle2.core.precision import resolve_dtype
 
     dtype = method_cfg.get("draft_lm_head_dtype")
     return {"lm_head_dtype": resolve_dtype(dtype) if dtype else None,
@@ -69,8 +69,8 @@ def drafting_settings(method_cfg, head) -> dict:
 
 
 class HeadRunner:
-    """Runs a feature-level head: an EAGLE-1/2 head (``eagle2.head``: drafts through the target's LM
-    head, reads the target's last hidden states) or an EAGLE-3 head (``eagle2.eagle3_head``: drafts
+    """Runs a feature-level head: an EAGLE-1/2 head (``eagle2.heads.eagle_head``: drafts through the target's LM
+    head, reads the target's last hidden states) or an EAGLE-3 head (``eagle2.heads.eagle3_head``: drafts
     through its own norm + LM head over its draft vocabulary, reads the inputs of the target layers it
     names in ``feature_layers``, which the engine captures for it)."""
 
@@ -178,7 +178,7 @@ def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, de
     best-first; ``parents`` holds drafted indices (-1 for the root); ``keep`` (ascending) must be
     closed under taking parents.
     """
-    from eagle2.tree import DraftTree
+    from eagle2.core.tree import DraftTree
 
     parent_list = parents.tolist()
     tree_index = torch.full((len(tokens),), -1, dtype=torch.long)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, tree_from_drafted
-from eagle2.tree import DraftTree, choice_paths
 
 
 class EagleStaticDrafter(HeadRunner):

@@ -3,19 +3,19 @@
 The hidden state of the last committed token (the one whose LM-head output is the root) goes through
 every head once per round: head d-1 gives the candidates at depth d. A node's path [r1, ..., rd] is the
 r1-th most likely token of head 0, then the r2-th of head 1, and so on (the authors' "medusa choices";
-default tree ``eagle2.medusa.MC_SIM_7B_63``). Candidates are chosen deterministically (top-k), so at
+default tree ``eagle2.heads.medusa_heads.MC_SIM_7B_63``). Candidates are chosen deterministically (top-k), so at
 temperature > 0 they are verified by the lossless rule for deterministically chosen children
-(``eagle2.accept``), not by Medusa's typical acceptance, which changes the output distribution.
+(``eagle2.core.accept``), not by Medusa's typical acceptance, which changes the output distribution.
 """
 
 from __future__ import annotations
 
 import torch
 
+from eagle2.core.engine import device_clock
+from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import drafting_lm_head, path_log_values, tree_from_drafted
-from eagle2.engine import device_clock
-from eagle2.medusa import MedusaHeads
-from eagle2.tree import DraftTree, choice_paths
+from eagle2.heads.medusa_heads import MedusaHeads
 
 
 class MedusaDrafter:
@@ -63,7 +63,7 @@ class MedusaDrafter:
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> MedusaDrafter:
-    from eagle2.models import resolve_dtype
+    from eagle2.core.precision import resolve_dtype
 
     dtype = method_cfg.get("draft_lm_head_dtype")
     return MedusaDrafter(weights["medusa_head"], target.device, choices=list(method_cfg.choices),

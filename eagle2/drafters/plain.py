@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle2.tree import DraftTree
+from eagle2.core.tree import DraftTree
 
 
 class PlainDrafter:

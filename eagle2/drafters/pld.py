@@ -1,9 +1,9 @@
 """Prompt lookup decoding (PLD): no draft model; the draft is what followed an earlier occurrence of
-the last n tokens in the prompt or the output so far (``eagle2.lookup``), a chain of up to ``k``
+the last n tokens in the prompt or the output so far (``eagle2.drafters.lookup``), a chain of up to ``k``
 tokens, or a trie of up to ``branches`` such chains.
 
 Drafts are chosen deterministically (no ``q_draft``), so at temperature > 0 they are accepted by the
-rule for deterministically chosen children (``eagle2.accept``): lossless at any temperature. A round
+rule for deterministically chosen children (``eagle2.core.accept``): lossless at any temperature. A round
 with no match verifies the root alone (one plain step).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.lookup import LookupSettings, chains_to_tree, find_chains
-from eagle2.tree import DraftTree
+from eagle2.core.tree import DraftTree
+from eagle2.drafters.lookup import LookupSettings, chains_to_tree, find_chains
 
 
 class PldDrafter:

@@ -11,7 +11,7 @@ so a draft never proposes from the tail those settings cut. Any such q is lossle
 exactly the q the token was drawn from. ``draft_temperature=0`` makes greedy drafts, accepted by the
 rule for deterministically chosen children. When the target is greedy, drafts are greedy whatever
 ``draft_temperature`` says (greedy acceptance never reads q). Each sampled draft token is one
-``Draws.categorical`` call (``eagle2.sampling``), so a test can enumerate every drafted chain.
+``Draws.categorical`` call (``eagle2.core.sampling``), so a test can enumerate every drafted chain.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import replace
 
 import torch
 
-from eagle2.cache import cache_kwargs, crop, new_cache
-from eagle2.engine import device_clock
-from eagle2.sampling import Draws, SamplingParams, as_draws, probabilities
-from eagle2.tree import DraftTree
+from eagle2.core.cache import cache_kwargs, crop, new_cache
+from eagle2.core.engine import device_clock
+from eagle2.core.sampling import Draws, SamplingParams, as_draws, probabilities
+from eagle2.core.tree import DraftTree
 
 
 def draft_params(params: SamplingParams, draft_temperature: float | None) -> SamplingParams:

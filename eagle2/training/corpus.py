@@ -26,10 +26,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from eagle2.cache import forward_target, new_cache
-from eagle2.chat import encode_conversation, stop_ids
-from eagle2.data import all_benchmark_questions
-from eagle2.features import LayerTap
+from eagle2.bench.chat import encode_conversation, stop_ids
+from eagle2.bench.data import all_benchmark_questions
+from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.features import LayerTap, eagle3_layers
 
 
 def _read_records(path: Path) -> list[dict]:
@@ -207,6 +207,15 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
             bar.update(1)
     bar.close()
     return out
+
+
+def corpus_tap_layers(target, setting) -> tuple[int, ...]:
+    """The decoder layers whose inputs the corpus records: ``eagle3`` (2, L//2, L-3), a list, or none."""
+    if not setting:
+        return ()
+    if setting == "eagle3":
+        return eagle3_layers(target.config.num_hidden_layers)
+    return tuple(int(i) for i in setting)
 
 
 def worker_batches(order: list[int], worker: int, workers: int) -> list[int]:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from eagle2.cache import forward_target, new_cache
-from eagle2.head import causal_mask
+from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.tree import additive_mask
+from eagle2.heads.eagle_head import causal_mask
 from eagle2.training.data import Sequence
 from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss
-from eagle2.tree import additive_mask
 
 
 def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None) -> list[int]:
@@ -174,7 +174,7 @@ def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: s
                           stop_tokens=(), tap_layers=()) -> Path:
     """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
     (resumable; reused when already complete), with the ``tap_layers`` inputs when given."""
-    from eagle2.data import benchmark_file, load_questions
+    from eagle2.bench.data import benchmark_file, load_questions
     from eagle2.training.corpus import build_corpus
 
     questions = load_questions(benchmark_file(benchmark, benchmarks_dir), limit)

@@ -22,10 +22,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from eagle2.cache import new_cache
-from eagle2.head import EagleHead, causal_mask
+from eagle2.core.cache import new_cache
+from eagle2.core.tree import additive_mask
+from eagle2.heads.eagle_head import EagleHead, causal_mask
 from eagle2.training.data import Sequence, collate, make_batches
-from eagle2.tree import additive_mask
 
 
 class LossProjection:

@@ -1,4 +1,4 @@
-"""Training and evaluating Medusa-1 heads (``eagle2.medusa``) on a self-distillation corpus.
+"""Training and evaluating Medusa-1 heads (``eagle2.heads.medusa_heads``) on a self-distillation corpus.
 
 Loss (Medusa-1, self-distilled): head k reads the target's post-norm feature ``f[t]`` and is fitted to
 the target's own next-token distribution at position t+k+1, ``softmax(lm_head(f[t+k+1]))`` (the
@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from eagle2.medusa import MedusaHeads
+from eagle2.heads.medusa_heads import MedusaHeads
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection, soft_cross_entropy
@@ -114,7 +114,7 @@ def _own_head_cross_entropy(weight, x, y, proj: LossProjection, topk: int):
 
 def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs) -> tuple[MedusaHeads, dict]:
     """Train Medusa heads on ``corpus_dir`` with the settings of ``train.medusa``."""
-    from eagle2.models import resolve_dtype
+    from eagle2.core.precision import resolve_dtype
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
@@ -213,10 +213,10 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     ``eval.json`` (MT-bench first turns and the corpus's held-out shards) and ``training.json``."""
     from omegaconf import OmegaConf
 
-    from eagle2.medusa import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
+    from eagle2.heads.medusa_heads import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
+    from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import load_sequences, split_shards
     from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
-    from eagle2.training.recipe import corpus_tap_layers  # the held-out set is shared with the eval stage
 
     mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
     t0 = time.time()

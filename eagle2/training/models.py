@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.eagle3_head import Eagle3Head, eagle3_config_from_target
-from eagle2.features import eagle3_layers
-from eagle2.head import EagleHead, head_config_from_target
+from eagle2.core.features import eagle3_layers
+from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target
+from eagle2.heads.eagle_head import EagleHead, head_config_from_target
 
 SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # the target's, never stored with a drafter
 

@@ -25,7 +25,7 @@ def stages_of(stage: str) -> tuple[str, ...]:
 
 def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
     """Build (or finish) the self-distillation corpus of ``conf/train/*.yaml``."""
-    from eagle2.training.corpus import build_corpus, training_records
+    from eagle2.training.corpus import build_corpus, corpus_tap_layers, training_records
 
     prompt_files = [corpus_cfg.prompts] if isinstance(corpus_cfg.prompts, str) else list(corpus_cfg.prompts)
     records = training_records([root / f for f in prompt_files])
@@ -43,17 +43,6 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
                         workers=corpus_cfg.workers, stop_tokens=corpus_cfg.stop_tokens,
                         answers=[a for _, a in records] if responses == "dataset" else None,
                         tap_layers=corpus_tap_layers(target, corpus_cfg.get("tap_layers")))
-
-
-def corpus_tap_layers(target, setting) -> tuple[int, ...]:
-    """The decoder layers whose inputs the corpus records: ``eagle3`` (2, L//2, L-3), a list, or none."""
-    from eagle2.features import eagle3_layers
-
-    if not setting:
-        return ()
-    if setting == "eagle3":
-        return eagle3_layers(target.config.num_hidden_layers)
-    return tuple(int(i) for i in setting)
 
 
 def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
@@ -77,7 +66,7 @@ def _check_size(folder: Path, max_mb: float) -> None:
 
 def head_stage(target, cfg, root: Path) -> Path | None:
     """Train the EAGLE head and export it (published format, no embedding) to ``train.export.head``."""
-    from eagle2.head import save_head
+    from eagle2.heads.eagle_head import save_head
 
     head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
                                root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after)
@@ -96,7 +85,7 @@ def head_stage(target, cfg, root: Path) -> Path | None:
 
 def eagle3_stage(target, cfg, root: Path) -> Path | None:
     """Train the EAGLE-3 head (``train.eagle3``) and export it (official layout) to ``train.export.eagle3_head``."""
-    from eagle2.eagle3_head import save_eagle3_head
+    from eagle2.heads.eagle3_head import save_eagle3_head
 
     ecfg = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
@@ -113,7 +102,7 @@ def eagle3_stage(target, cfg, root: Path) -> Path | None:
 
 def draft_stage(target, cfg, root: Path) -> Path | None:
     """Train the SpS draft model and export it (no embedding / LM head) to ``train.export.draft``."""
-    from eagle2.draft_model import save_draft_model
+    from eagle2.heads.draft_model import save_draft_model
 
     draft, summary = train_draft(target, root / cfg.train.corpus.out_dir, cfg.train.draft,
                                  root / cfg.train.draft.out_dir, stop_after=cfg.train.draft.stop_after)
@@ -131,9 +120,10 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     (answered greedily by the target); write ``eval.json`` next to each artifact."""
     from omegaconf import OmegaConf
 
-    from eagle2.draft_model import load_draft_model
-    from eagle2.eagle3_head import load_eagle3_head
-    from eagle2.head import load_head
+    from eagle2.heads.draft_model import load_draft_model
+    from eagle2.heads.eagle3_head import load_eagle3_head
+    from eagle2.heads.eagle_head import load_head
+    from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import all_sequences, load_sequences, split_shards
     from eagle2.training.evaluate import (
         build_mtbench_heldout,

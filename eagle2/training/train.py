@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from eagle2.head import EagleHead
+from eagle2.heads.eagle_head import EagleHead
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection, draft_loss, head_loss
@@ -23,7 +23,7 @@ from eagle2.training.models import new_head
 def _dtype(name: str) -> torch.dtype:
     """A loss dtype setting; ``auto`` is bf16 where the CPU multiplies bf16 natively (~2.5x faster
     there) and fp32 elsewhere (on an AVX2-only CPU a bf16 LM-head matmul is many times slower)."""
-    from eagle2.models import cpu_has_native_bf16, resolve_dtype
+    from eagle2.core.precision import cpu_has_native_bf16, resolve_dtype
 
     if name == "auto":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
@@ -41,7 +41,7 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     head = new_head(target, cfg.init_from_target, cfg.num_layers)
     if cfg.init_from:  # continue from a trained head (published format); its draft vocabulary too
-        from eagle2.head import load_head
+        from eagle2.heads.eagle_head import load_head
 
         start = load_head(cfg.init_from, target)
         head.load_state_dict(start.state_dict(), strict=False)
@@ -72,7 +72,7 @@ def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> 
 
 
 def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
-    """Train an EAGLE-3 head (``eagle2.eagle3_head``) on a corpus with the tapped layers recorded:
+    """Train an EAGLE-3 head (``eagle2.heads.eagle3_head``) on a corpus with the tapped layers recorded:
     draft vocabulary by answer-token frequency (``cfg.draft_vocab_size``), ``cfg.unroll`` steps of
     training-time test. A ``cfg.init_from`` head (official layout) is continued, vocabulary included."""
     from eagle2.training.losses import eagle3_loss
@@ -82,7 +82,7 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     if cfg.init_from:
-        from eagle2.eagle3_head import load_eagle3_head
+        from eagle2.heads.eagle3_head import load_eagle3_head
 
         head = load_eagle3_head(cfg.init_from, target).float().requires_grad_(True)
     else:
@@ -99,8 +99,8 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
 
 
 def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
-    """Train an SpS draft model (``eagle2.draft_model``) on ``corpus_dir``."""
-    from eagle2.draft_model import build_draft_model
+    """Train an SpS draft model (``eagle2.heads.draft_model``) on ``corpus_dir``."""
+    from eagle2.heads.draft_model import build_draft_model
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)

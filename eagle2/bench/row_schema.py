@@ -19,7 +19,7 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt_tokens": (int,), "prompt_ids": (list,), "new_tokens": (int,), "output_ids": (list,),
     "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),
     "wall_time_s": NUMBER, "prefill_time_s": NUMBER, "tokens_per_s": OPTIONAL_NUMBER, "tau": OPTIONAL_NUMBER,
-    "rounds": (dict,),  # per-round facts, column-wise: eagle2.engine.RoundStats fields + drafter facts
+    "rounds": (dict,),  # per-round facts, column-wise: eagle2.core.engine.RoundStats fields + drafter facts
     "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
     "method_config": (dict,),
     "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
@@ -44,7 +44,8 @@ def check_row(row: dict) -> None:
         return
     missing, extra = sorted(set(ROW_FIELDS) - set(row)), sorted(set(row) - set(ROW_FIELDS))
     if missing or extra:
-        raise RowSchemaError(f"row fields differ from eagle2/row_schema.py: missing {missing}, unexpected {extra}")
+        raise RowSchemaError(f"row fields differ from eagle2/bench/row_schema.py: missing {missing}, "
+                             f"unexpected {extra}")
     wrong = [f"{k}={type(row[k]).__name__}" for k, types in ROW_FIELDS.items()
              if not isinstance(row[k], types) or (types == (int,) and isinstance(row[k], bool))]
     if wrong:

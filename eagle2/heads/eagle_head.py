@@ -29,9 +29,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from eagle2.cache import cache_kwargs
-from eagle2.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
-from eagle2.tree import additive_mask
+from eagle2.core.cache import cache_kwargs
+from eagle2.core.tree import additive_mask
+from eagle2.heads.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 

@@ -11,7 +11,7 @@ the drafter's. Rules:
     r = norm(max(0, r - q)).
   When every child is rejected (or there is none) the token is sampled from r. Both are the
   standard lossless speculative-sampling rule; a chain of sampled drafts is vanilla SpS.
-Every random choice is one ``Draws`` call (``eagle2.sampling``): a coin per tried child, then one
+Every random choice is one ``Draws`` call (``eagle2.core.sampling``): a coin per tried child, then one
 categorical draw for the bonus/correction token; a test can pass its own ``Draws`` to enumerate them.
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.sampling import Draws, as_draws
-from eagle2.tree import DraftTree
+from eagle2.core.sampling import Draws, as_draws
+from eagle2.core.tree import DraftTree
 
 
 def accept_greedy(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:

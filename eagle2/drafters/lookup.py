@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from eagle2.tree import DraftTree
+from eagle2.core.tree import DraftTree
 
 
 @dataclass(frozen=True)

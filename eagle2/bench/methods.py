@@ -2,7 +2,7 @@
 drafter weights it needs: its own ``conf/method/<name>.yaml`` (keys ``drafter``, a ``module.function``
 path, and ``weights``, model-config keys such as ``head`` or ``sps_draft``).
 
-``build_drafter``, the runner's weight loading and the config hash all read it from here, so adding a
+``build_drafter`` (here), the runner's weight loading and the config hash all read it from here, so adding a
 method is one drafter module (with a ``build`` function) plus one YAML. A method config made in code
 without those keys (tests build ``{"name": "sps", "k": 2}``) takes them from the method's YAML.
 This module imports nothing heavy: the results store reads it too.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-METHOD_DIR = Path(__file__).resolve().parents[1] / "conf" / "method"
+METHOD_DIR = Path(__file__).resolve().parents[2] / "conf" / "method"
 SPEC_KEYS = ("drafter", "weights")  # how a method is built, not what it computes: kept out of the config hash
 
 
@@ -55,3 +55,14 @@ def method_spec(method_cfg) -> MethodSpec:
 def drafter_factory(spec: MethodSpec):
     module, _, function = spec.drafter.rpartition(".")
     return getattr(importlib.import_module(module), function)
+
+
+def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None):
+    """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights,
+    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``."""
+    spec = method_spec(method_cfg)
+    given = {"head": head, "sps_draft": draft_model, **(weights or {})}
+    missing = [key for key in spec.weights if given.get(key) is None]
+    if missing:
+        raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")
+    return drafter_factory(spec)(method_cfg, target, params, generator, {k: given[k] for k in spec.weights})

@@ -1,5 +1,5 @@
 """Measuring the round costs of one target + EAGLE head on this machine (the profile that
-``eagle2.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``).
+``eagle2.drafters.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``).
 
 ``T_verify(q)`` is one target forward over ``q`` tree tokens (root included) plus its LM head, and
 ``T_draft`` one drafting round at each depth up to the configured one. Both are measured once per
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from eagle2.budget import CostProfile
-from eagle2.cache import crop, forward_target, new_cache
-from eagle2.engine import device_clock
-from eagle2.features import LayerTap
+from eagle2.core.cache import crop, forward_target, new_cache
+from eagle2.core.engine import device_clock
+from eagle2.core.features import LayerTap
+from eagle2.drafters.budget import CostProfile
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
@@ -53,7 +53,7 @@ def _median_time(fn, reps: int, device) -> float:
 @torch.no_grad()
 def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float]:
     """Median seconds of a target forward over a chain of q tree tokens after ``context`` tokens."""
-    from eagle2.tree import DraftTree
+    from eagle2.core.tree import DraftTree
 
     device = target.device
     gen = torch.Generator().manual_seed(0)
@@ -77,10 +77,9 @@ def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float
 
 
 @torch.no_grad()
-def measure_draft(target, head, drafting: dict, *, depth: int, top_k: int, context: int, reps: int) -> list[float]:
-    """Median seconds of one EAGLE-2 drafting round at depths 1..``depth`` (``top_k`` per node)."""
-    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
-
+def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps: int) -> list[float]:
+    """Median seconds of one drafting round at depths 1..``depth``; ``make_drafter(d)`` builds the
+    drafter (the EAGLE-2 drafter of ``head`` at depth ``d``)."""
     device = target.device
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
@@ -90,7 +89,7 @@ def measure_draft(target, head, drafting: dict, *, depth: int, top_k: int, conte
         hidden = (tap.read() if layers else hidden)[0]
     out = []
     for d in range(1, depth + 1):
-        drafter = Eagle2Drafter(head, target.lm_head, device, depth=d, top_k=top_k, total_tokens=1, **drafting)
+        drafter = make_drafter(d)
         drafter.start(prompt, prompt[-1], hidden)
 
         def round_(drafter=drafter):
@@ -113,9 +112,11 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
     return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def get_profile(target, head, drafting: dict, *, depth: int, top_k: int, profile_dir: str | Path | None = None,
-                remeasure: bool = False, context: int = 256, max_q: int = 64, reps: int = 5) -> CostProfile:
-    """The cached profile for this target/head/settings on this machine, measured if absent."""
+def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k: int,
+                profile_dir: str | Path | None = None, remeasure: bool = False, context: int = 256, max_q: int = 64,
+                reps: int = 5) -> CostProfile:
+    """The cached profile for this target/head/settings on this machine, measured if absent;
+    ``make_drafter(d)`` builds the drafter whose rounds are timed (see ``measure_draft``)."""
     key = profile_key(target, head, drafting, depth, top_k, context, max_q)
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
     if key in _loaded:  # reprofile means once per process, not once per drafter
@@ -127,7 +128,7 @@ def get_profile(target, head, drafting: dict, *, depth: int, top_k: int, profile
         print(f"[eagle2] measuring the cost profile (verify q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
         verify = monotone(measure_verify(target, context=context, max_q=max_q, reps=reps))
-        draft = measure_draft(target, head, drafting, depth=depth, top_k=top_k, context=context, reps=reps)
+        draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
         profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
                                                         "dtype": str(target.dtype),
                                                         "threads": torch.get_num_threads()})

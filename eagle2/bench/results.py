@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from eagle2.methods import SPEC_KEYS, method_spec
+from eagle2.bench.methods import SPEC_KEYS, method_spec
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.checkpoint import check_state, checkpoint_folder
+from eagle2.heads.checkpoint import check_state, checkpoint_folder
 
 log = logging.getLogger(__name__)
 

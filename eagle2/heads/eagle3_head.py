@@ -2,7 +2,7 @@
 
 Wiring (as in the authors' heads): position i reads the token ``t[i+1]`` and a feature ``g[i]``. For
 committed context ``g[i] = fc(concat(x2[i], x_{L//2}[i], x_{L-3}[i]))``, the target's hidden states
-entering decoder layers 2, L//2 and L-3 (``eagle2.features``); a tree node deeper than one step reads
+entering decoder layers 2, L//2 and L-3 (``eagle2.core.features``); a tree node deeper than one step reads
 the head's own output at its parent instead (already ``h`` wide, so ``fc`` is skipped). One decoder
 layer whose attention input is ``concat(input_layernorm(embed(t)), hidden_norm(g))`` (q/k/v take 2h),
 residual ``g``, then the usual post-attention norm and MLP. Its output goes through the head's own
@@ -31,8 +31,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eagle2.checkpoint import check_state, checkpoint_folder, read_weights
-from eagle2.features import eagle3_layers
+from eagle2.core.features import eagle3_layers
+from eagle2.heads.checkpoint import check_state, checkpoint_folder, read_weights
 
 
 class Eagle3Attention(nn.Module):
@@ -139,7 +139,7 @@ class Eagle3Head(nn.Module):
 
 def eagle3_config_from_target(target_config, draft_vocab_size: int) -> LlamaConfig:
     """A head config matching the target's width, heads and RoPE, with a draft vocabulary."""
-    from eagle2.head import head_config_from_target
+    from eagle2.heads.eagle_head import head_config_from_target
 
     config = head_config_from_target(target_config, num_layers=1)
     config.draft_vocab_size = int(draft_vocab_size)

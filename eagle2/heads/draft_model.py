@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
+from eagle2.heads.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
 
 log = logging.getLogger(__name__)
 

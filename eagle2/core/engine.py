@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle2.accept import accept_greedy, accept_stochastic
-from eagle2.cache import forward_target, keep_tree_path, new_cache
-from eagle2.features import LayerTap
-from eagle2.sampling import SamplingParams, next_token, probabilities
-from eagle2.tree import DraftTree
+from eagle2.core.accept import accept_greedy, accept_stochastic
+from eagle2.core.cache import forward_target, keep_tree_path, new_cache
+from eagle2.core.features import LayerTap
+from eagle2.core.sampling import SamplingParams, next_token, probabilities
+from eagle2.core.tree import DraftTree
 
 
 class ContextOverflowError(ValueError):

@@ -1,0 +1,3 @@
+"""The benchmark harness: the runner behind ``run.py``, the method registry, target loading, chat
+templates, benchmark data, config validation, the results store and its row schema, loggers and the
+identity audit. Imports the layers below it (``core``, ``heads``, ``drafters``)."""

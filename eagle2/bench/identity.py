@@ -1,0 +1,213 @@
+"""Identity audit: tells numeric drift from algorithmic errors in greedy speculative outputs.
+
+At temperature 0 a lossless method reproduces the target's greedy decoding. In fp32 that holds token
+for token; in half precision the target disagrees with itself at a few percent of positions (a tree
+forward and a one-token forward round differently), so a speculative output may leave plain
+decoding's at a near-tie and then drift. This audit says which, per question turn:
+
+- ``identical``: the output equals the matched plain turn's (same model, dataset, dtype, seed,
+  max_new_tokens, temperature 0, same prompt);
+- ``numeric``: it differs, and at the first differing position both tokens are within ``tol`` of the
+  reference maximum, and every token of the speculative output is (the target could have emitted
+  each one, given rounding);
+- ``algorithmic``: some token is further than ``tol`` below the reference maximum: no rounding of
+  the run's dtype explains it. An acceptance bug shows up here; it is a failed check.
+
+The reference is one teacher-forced forward of prompt + output in float32 (float64 when the run
+itself was float32).
+
+**Tolerance.** A logit computed in a dtype with machine epsilon ``eps`` carries an error that grows
+with the logit scale, so ``tol = TOLERANCE_FACTORS[dtype] * eps(dtype) * max|z|`` at each position,
+with z the reference logits. The factors are measured, not guessed (``python -m
+experiments.numeric_tolerance --dtype D``: SmolLM2-135M on MT-bench prompts, one-token forwards and
+teacher-forced forwards in D against the reference): the error of the gap between any of the
+reference top-5 tokens and the top-1, over eps * max|z|. bfloat16 (776 positions): median 0.56, 99th
+percentile 1.58, maximum 3.44, and the 20 positions where bf16 disagreed with itself had fp32
+margins <= 0.22 logits against a tolerance there of ~0.8 (eps = 2**-7, max|z| ~ 25); factor 4.
+float32 (388 positions, fp64 reference): median 2.5, p99 7.1, maximum 9.6 (long fp32 dot products
+accumulate more error per eps than bf16 kernels, which accumulate in fp32); factor 16. float16 was
+not measurable on this CPU and takes bfloat16's factor: re-measure it on a GPU. A wrong token
+accepted by a broken rule is typically several logits below the maximum.
+
+Records go beside the rows, ``<method>-<hash>.identity.ndjson`` (one JSON line per audited turn;
+a rerun audits only new turns), and ``python -m analysis.report`` summarises them in
+``identity.csv``. Run: ``python -m eagle2.identity RESULTS [--override model.path=...]``; it exits
+non-zero when any divergence is algorithmic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from analysis.identity import identity_table, load_audit_records, read_records, records_path
+
+TOLERANCE_FACTORS = {"bfloat16": 4.0, "float16": 4.0, "float32": 16.0}
+
+
+def tolerance(dtype_name: str, reference_logits: torch.Tensor) -> torch.Tensor:
+    """Per-position tolerance (L,) for logits (L, V) of a run made in ``dtype_name``."""
+    from eagle2.core.precision import resolve_dtype
+
+    eps = torch.finfo(resolve_dtype(dtype_name)).eps
+    return tolerance_factor(dtype_name) * eps * reference_logits.abs().amax(-1)
+
+
+def tolerance_factor(dtype_name: str) -> float:
+    from eagle2.core.precision import dtype_name as canonical
+
+    return TOLERANCE_FACTORS[canonical(dtype_name)]
+
+
+def reference_dtype(run_dtype: str) -> str:
+    """The dtype name the reference logits are computed in: float64 for float32 runs, else float32."""
+    from eagle2.core.precision import dtype_name
+
+    return "float64" if dtype_name(run_dtype) == "float32" else "float32"
+
+
+@torch.no_grad()
+def reference_logits(model, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """(len(output), V) logits predicting each output token, by one teacher-forced forward."""
+    ids = torch.tensor([prompt + output[:-1]], device=model.device)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:]
+    return logits.double()
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; the shorter length if one is a prefix; None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def classify(logits: torch.Tensor, output: list[int], plain_output: list[int] | None, run_dtype: str) -> dict:
+    """Audit one turn from the reference logits over its own output (see the module docstring).
+    ``plain_output`` is the matched plain turn's output when both had the same prompt, else None."""
+    tol = tolerance(run_dtype, logits)
+    best = logits.amax(-1)
+    margins = best - logits[torch.arange(len(output)), torch.tensor(output)]
+    off = torch.nonzero(margins > tol).flatten().tolist()
+    record = {"tolerance_factor": tolerance_factor(run_dtype), "off_greedy": off,
+              "max_margin_over_tol": float((margins / tol).max()) if len(output) else 0.0,
+              "prompt_differs": plain_output is None, "first_divergence": None}
+    if plain_output is not None:
+        pos = first_difference(output, plain_output)
+        if pos is None:
+            return {**record, "status": "identical" if not off else "algorithmic"}
+        record["first_divergence"] = pos
+        if pos < min(len(output), len(plain_output)):
+            plain_margin = float(best[pos] - logits[pos, plain_output[pos]])
+            record.update(spec_token=output[pos], plain_token=plain_output[pos], spec_margin=float(margins[pos]),
+                          plain_margin=plain_margin, tolerance=float(tol[pos]))
+            if plain_margin > tol[pos]:
+                off = sorted(set(off) | {pos})  # plain's own token is no near-tie: nothing explains the split
+        else:  # one output is a prefix of the other: they stopped at different lengths
+            off = sorted(set(off) | {pos}) if pos < len(output) else off
+    return {**record, "off_greedy": off, "status": "algorithmic" if off else "numeric"}
+
+
+# ---- over a results folder ------------------------------------------------------------------------
+
+def audit_pairs(results: str | Path):
+    """(rows file, spec rows, matched plain rows) for every greedy speculative config under ``results``."""
+    from analysis.metrics import baseline_rows, load_rows
+
+    rows = load_rows(results)
+    if rows.empty:
+        return
+    greedy = rows[rows.temperature == 0]
+    for chash, g in greedy[greedy.method != "plain"].groupby("config_hash"):
+        first = g.iloc[0]
+        rows_file = Path(results) / first.dataset / first.model / f"{first.method}-{chash}.jsonl"
+        yield rows_file, g, baseline_rows(rows, g)
+
+
+class ReferenceModels:
+    """Loads each (model, reference dtype) once, from the model's config plus user overrides."""
+
+    def __init__(self, overrides: list[str]):
+        self.overrides, self.loaded = overrides, {}
+
+    def get(self, model_name: str, run_dtype: str):
+        key = (model_name, run_dtype)
+        if key not in self.loaded:
+            from hydra import compose, initialize_config_dir
+
+            from eagle2.bench.data import PROJECT_ROOT
+            from eagle2.bench.models import load_target
+
+            with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=[f"model={model_name}", *self.overrides])
+            cfg.model.dtype = reference_dtype(run_dtype)
+            self.loaded[key] = load_target(cfg.model)[0]
+        return self.loaded[key]
+
+
+def audit_config(models: ReferenceModels, rows_file: Path, spec, plain, redo: bool = False) -> list[dict]:
+    """Audit every turn of one config not audited yet against this plain config; append the records."""
+    path = records_path(rows_file)
+    plain_hash = plain.config_hash.iloc[0] if not plain.empty else None
+    done = set() if redo else {(r["question_id"], r["turn"]) for r in read_records(path)
+                               if r.get("plain_config_hash") == plain_hash}
+    by_turn = {(q, t): r for q, t, r in zip(plain.question_id, plain.turn, plain.to_dict("records"))}
+    new = []
+    for row in spec.to_dict("records"):
+        key = (row["question_id"], row["turn"])
+        ref_row = by_turn.get(key)
+        if key in done or ref_row is None or not isinstance(row.get("prompt_ids"), list):
+            continue  # no matched plain turn, or a row from before prompts were stored: stays unaudited
+        run_dtype = row.get("dtype") or "float32"
+        same_prompt = list(ref_row.get("prompt_ids") or []) == list(row["prompt_ids"])
+        logits = reference_logits(models.get(row["model"], run_dtype), list(row["prompt_ids"]),
+                                  list(row["output_ids"]))
+        rec = classify(logits, list(row["output_ids"]), list(ref_row["output_ids"]) if same_prompt else None,
+                       run_dtype)
+        rec.update(question_id=row["question_id"], turn=row["turn"], config_hash=row["config_hash"],
+                   plain_config_hash=plain_hash, model=row["model"], dataset=row["dataset"],
+                   method=row["method"], dtype=run_dtype, timestamp=time.time())
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        new.append(rec)
+    return new
+
+
+def audit_results(results: str | Path, overrides: list[str] | None = None, redo: bool = False) -> list[dict]:
+    """Audit every greedy speculative turn under ``results``; return the new records."""
+    models = ReferenceModels(overrides or [])
+    new = []
+    for rows_file, spec, plain in audit_pairs(results):
+        new += audit_config(models, rows_file, spec, plain, redo)
+    return new
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eagle2.identity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="a results folder (paths.results of the runs), searched recursively")
+    ap.add_argument("--override", action="append", default=[],
+                    help="a Hydra override for loading the target, e.g. model.path=/local/dir (repeatable)")
+    ap.add_argument("--redo", action="store_true", help="audit every turn again, not only new ones")
+    args = ap.parse_args(argv)
+    if not Path(args.results).is_dir():
+        ap.error(f"results folder {args.results} does not exist")
+    new = audit_results(args.results, args.override, args.redo)
+    table = identity_table(args.results)
+    print(f"[identity] {len(new)} turns audited now")
+    if not table.empty:
+        print(table.to_markdown(index=False))
+    bad = [r for r in load_audit_records(args.results) if r["status"] == "algorithmic"]
+    for r in bad:
+        print(f"[identity] ALGORITHMIC DIVERGENCE: {r['model']}/{r['dataset']}/{r['method']} {r['config_hash']} "
+              f"question {r['question_id']} turn {r['turn']}: tokens at positions {r['off_greedy']} are beyond "
+              f"the {r['dtype']} tolerance (max margin/tol {r['max_margin_over_tol']:.1f})", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
