@@ -7,6 +7,7 @@ LIMIT ?= 3
 RESULTS ?= results
 REPORT ?= report
 DTYPE ?= bfloat16
+TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
 .PHONY: help install demo test test-slow lint bench-plain bench-sps audit bench-table report train ablation gpu-check clean
 
@@ -28,8 +29,8 @@ demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) and plain d
 	$(PY) run.py dataset.limit=$(LIMIT) paths.results=$(RESULTS)
 	$(PY) -m analysis.speedup $(RESULTS) --dataset mt_bench --model smollm2
 
-test: install  ## the test suite (offline, CPU; slow tests excluded)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
+test: install  ## the test suite (offline, CPU; slow tests excluded; TEST_WORKERS processes)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: install  ## only the slow tests (many-sample certification, real training)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -m slow
