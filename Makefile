@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint bench-plain bench-sps audit bench-table report train ablation gpu-check clean
+.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-sps audit bench-table report train ablation gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ test-slow: install  ## only the slow tests (many-sample certification, real trai
 
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
+
+bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~6 min)
+	$(PY) -m experiments.bench_engine
 
 bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
 	$(PY) -m experiments.bench_plain_vs_generate --dtype $(DTYPE)

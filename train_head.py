@@ -27,7 +27,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
-    target, tokenizer = load_target(cfg.model)
+    target, tokenizer = load_target(cfg.model, kernels="stock")  # losses backpropagate through its LM head
     run_stages(target, tokenizer, cfg, root, cfg.stage)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle2.core.cache import cache_length, forward_target, keep_tree_path, new_cache
+from eagle2.core.cache import CHUNK, InPlaceLayer, cache_length, forward_target, keep_tree_path, new_cache
 from eagle2.core.tree import DraftTree
 from tests.conftest import tiny_llama
 
@@ -42,3 +42,43 @@ def test_forward_that_raises_leaves_cache_unchanged():
                        position_ids=torch.tensor([[3, 4]]))
     assert cache_length(cache) == 3
     assert all(torch.equal(a, layer.keys) for a, layer in zip(before, cache.layers))
+
+
+@torch.no_grad()
+def test_non_prefix_path_is_committed_in_place_in_every_layer():
+    """A depth-major tree whose accepted path is not a prefix of the flattened tree: after the commit
+    every layer's buffer holds, in place, the prefix and then exactly the accepted nodes' entries."""
+    model = tiny_llama(layers=3)
+    cache = new_cache(model)
+    assert all(isinstance(layer, InPlaceLayer) for layer in cache.layers)
+    forward_target(model, torch.tensor([[3, 9, 4, 7]]), cache)
+    tree = DraftTree(torch.tensor([5, 11, 12, 13, 14, 15]), torch.tensor([-1, 0, 0, 1, 2, 4]))
+    forward_target(model, tree.tokens[None], cache, attention_mask=tree.attention_mask(4, torch.float32),
+                   position_ids=tree.position_ids(4))
+    buffers = [(layer._k, layer._v) for layer in cache.layers]
+    tree_entries = [(layer.keys[:, :, 4:].clone(), layer.values[:, :, 4:].clone()) for layer in cache.layers]
+    prefix = [(layer.keys[:, :, :4].clone(), layer.values[:, :, :4].clone()) for layer in cache.layers]
+    path = [0, 2, 4, 5]
+    keep_tree_path(cache, 4, path)
+    assert cache_length(cache) == 8
+    for layer, (k_buf, v_buf), (k_tree, v_tree), (k_pre, v_pre) in zip(cache.layers, buffers, tree_entries, prefix):
+        assert layer._k is k_buf and layer._v is v_buf  # the same buffers: written in place, not re-made
+        assert torch.equal(layer.keys[:, :, :4], k_pre) and torch.equal(layer.values[:, :, :4], v_pre)
+        assert torch.equal(layer.keys[:, :, 4:], k_tree[:, :, path])
+        assert torch.equal(layer.values[:, :, 4:], v_tree[:, :, path])
+    nxt = forward_target(model, torch.tensor([[20]]), cache)  # and decoding goes on from the right state
+    full = forward_target(model, torch.tensor([[3, 9, 4, 7, 5, 12, 14, 15, 20]]), new_cache(model))
+    assert torch.allclose(nxt[0, -1], full[0, -1], atol=1e-5)
+
+
+@torch.no_grad()
+def test_buffer_grows_in_chunks_and_keeps_its_entries():
+    model = tiny_llama()
+    cache, stock = new_cache(model), new_cache(model, in_place=False)
+    ids = torch.randint(64, (1, CHUNK + 7))
+    for chunk in (ids[:, :CHUNK - 1], ids[:, CHUNK - 1:CHUNK + 2], ids[:, CHUNK + 2:]):  # crosses one boundary
+        a, b = forward_target(model, chunk, cache), forward_target(model, chunk, stock)
+        assert torch.allclose(a, b, atol=1e-6)
+    assert cache.layers[0].capacity() == 2 * CHUNK and cache_length(cache) == CHUNK + 7
+    for layer, ref in zip(cache.layers, stock.layers):
+        assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from eagle2.core.precision import resolve_dtype, warn_if_slow_bf16
+from eagle2.core.kernels import accelerate
+from eagle2.core.precision import concrete_dtype, resolve_dtype, warn_if_slow_bf16
 from eagle2.heads.checkpoint import ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -109,15 +110,20 @@ def load_pretrained(cls, location: str, config_key: str = "model.path", **kwargs
         raise _hub_error(location, exc, config_key) from None
 
 
-def load_target(model_cfg, device: str | None = None):
-    """Load (model, tokenizer) for a ``conf/model/*.yaml`` entry, in eval mode."""
+def load_target(model_cfg, device: str | None = None, kernels: str | None = None):
+    """Load (model, tokenizer) for a ``conf/model/*.yaml`` entry, in eval mode, in its dtype (``auto``:
+    ``eagle2.core.precision.concrete_dtype``) and with this CPU's fast kernels (``model.kernels``,
+    ``model.compile``: ``eagle2.core.kernels``; ``kernels=`` overrides the config: training passes
+    ``stock``, as packed linears have no backward)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    location = weights_location(model_cfg)
-    warn_if_slow_bf16(resolve_dtype(model_cfg.dtype), device or model_cfg.device)
+    location, device = weights_location(model_cfg), device or model_cfg.device
+    dtype = resolve_dtype(concrete_dtype(model_cfg.dtype, device))
+    warn_if_slow_bf16(dtype, device)
     tokenizer = load_pretrained(AutoTokenizer, location)
-    model = load_pretrained(AutoModelForCausalLM, location, dtype=resolve_dtype(model_cfg.dtype),
+    model = load_pretrained(AutoModelForCausalLM, location, dtype=dtype,
                             attn_implementation=model_cfg.get("attn_implementation", "sdpa"))
-    model.to(device or model_cfg.device)
+    model.to(device)
     model.eval()
+    accelerate(model, kernels or model_cfg.get("kernels", "auto"), bool(model_cfg.get("compile", False)))
     return model, tokenizer

@@ -36,6 +36,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from eagle2.bench.methods import SPEC_KEYS, method_spec
+from eagle2.core.cpu import auto_dtype
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def config_hash(cfg) -> str:
     picked = {k: resolved.get(k) for k in HASHED_KEYS}
     artifacts = method_spec(cfg.method).weights
     picked["model"] = _pick(resolved["model"], TARGET_KEYS + artifacts, TARGET_KEYS_WHEN_SET)
+    if picked["model"].get("dtype") == "auto":  # what it means on this machine: equal runs, equal hashes
+        picked["model"]["dtype"] = auto_dtype(str(resolved["model"].get("device", "cpu")))
     picked["dataset"] = _pick(resolved["dataset"], DATASET_KEYS, DATASET_KEYS_WHEN_SET)
     picked["method"] = _method_settings(picked["method"])
     if resolved.get("truncate_long_prompts"):

@@ -24,6 +24,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "method_config": (dict,),
     "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
     "weights": (dict,),  # drafter weights by model-config key -> content hash of the local files (None: hub id)
+    "cpu_kind": (str,),  # the host CPU: bf16-native (AVX512-BF16 / AMX), avx2 or unknown (core.cpu.cpu_kind)
+    "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +compile (core.kernels)
     "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",

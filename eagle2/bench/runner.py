@@ -24,8 +24,10 @@ from eagle2.bench.methods import build_drafter, method_spec
 from eagle2.bench.models import load_target
 from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
 from eagle2.bench.row_schema import check_row
+from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import ContextOverflowError, generate
-from eagle2.core.precision import dtype_name
+from eagle2.core.kernels import accelerate, kernels_in_use
+from eagle2.core.precision import concrete_dtype, dtype_name
 from eagle2.core.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -106,8 +108,10 @@ def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) 
 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
-    """The drafter weights the method needs (its YAML's ``weights``), by model-config key."""
-    return {key: WEIGHT_LOADERS[key](location, target) for key, location in drafter_locations(cfg).items()}
+    """The drafter weights the method needs (its YAML's ``weights``), by model-config key, with the
+    target's fast kernels (``model.kernels``)."""
+    return {key: accelerate(WEIGHT_LOADERS[key](location, target), cfg.model.get("kernels", "auto"))
+            for key, location in drafter_locations(cfg).items()}
 
 
 def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
@@ -161,7 +165,7 @@ def _peak_memory_mb(device) -> float | None:
         return None
 
 
-def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict) -> dict:
+def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -180,7 +184,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
-        "weights": fingerprints, "timestamp": time.time(),
+        "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "timestamp": time.time(),
     })
 
 
@@ -222,6 +226,7 @@ def run(cfg: DictConfig) -> dict:
     """Decode every unfinished question turn; return the summary that is printed."""
     from eagle2.bench.validation import validate_run_config
 
+    cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)  # auto -> this machine's: hashed, in rows
     validate_run_config(cfg)  # one clear line for a bad value or question file, before any model loads
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -247,6 +252,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)
     weights = load_drafter_weights(cfg, target)
+    kernels = kernels_in_use(target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
     context = int(cfg.model.max_context)
     eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
@@ -281,7 +287,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
-                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints)
+                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels)
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])

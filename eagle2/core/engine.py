@@ -87,25 +87,26 @@ def _feature_tap(target, drafter) -> LayerTap | None:
 
 @torch.no_grad()
 def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
-             eos_ids: set[int], generator: torch.Generator | None = None, max_context: int | None = None
-             ) -> GenerationOutput:
+             eos_ids: set[int], generator: torch.Generator | None = None, max_context: int | None = None,
+             in_place_cache: bool = True) -> GenerationOutput:
     """Decode with ``drafter``. Its features (``needs_hidden``) are the target's last hidden states,
-    or the inputs of the target layers it names in ``feature_layers``, concatenated."""
+    or the inputs of the target layers it names in ``feature_layers``, concatenated. ``in_place_cache``
+    false: the target's KV cache is transformers' stock concatenating one (``make bench-engine``'s before)."""
     limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
     if len(prompt_ids) + 1 > limit:
         raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
     tap = _feature_tap(target, drafter)
     try:
-        return _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit, tap)
+        return _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit, tap,
+                       new_cache(target, in_place_cache))
     finally:
         if tap is not None:
             tap.close()
 
 
 def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit,
-            tap: LayerTap | None) -> GenerationOutput:
+            tap: LayerTap | None, cache) -> GenerationOutput:
     device = target.device
-    cache = new_cache(target)
     start = device_clock(device)
     hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
     first = next_token(target.lm_head(hidden[0, -1]), params, generator)

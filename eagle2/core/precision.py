@@ -1,13 +1,13 @@
-"""Dtype names and the CPU's bf16 ability: ``model.dtype`` strings to torch dtypes, and whether this CPU
-multiplies bf16 natively (which decides where half precision pays). Knows nothing about models."""
+"""Dtype names: ``model.dtype`` strings (``auto`` included) to torch dtypes, and the warning for bf16 on a
+CPU without native bf16 (``eagle2.core.cpu``). Knows nothing about models."""
 
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 import torch
+
+from eagle2.core.cpu import auto_dtype, cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -28,32 +28,11 @@ def dtype_name(name: str) -> str:
     return str(resolve_dtype(name)).removeprefix("torch.")
 
 
-# oneDNN's ISA names below its first bf16 one: ONEDNN_MAX_CPU_ISA=AVX2 (with ATEN_CPU_CAPABILITY=avx2) makes
-# a bf16-native CPU compute as an AVX2-only one does, e.g. to predict that machine kind's costs
-_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
-
-
-def cpu_has_native_bf16() -> bool | None:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX); None when unknown.
-
-    Without it (e.g. AVX2 only) torch converts bf16 on the fly: a one-token forward is still cheaper
-    than in fp32 (half the bytes to read), but a multi-token forward, such as a tree verification,
-    costs several times more (measured in README, "Precision"). An ``ONEDNN_MAX_CPU_ISA`` cap below
-    the bf16 instructions counts as their absence."""
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ISAS_WITHOUT_BF16:
-        return False
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return None
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-
-
-def cpu_kind() -> str:
-    """``bf16-native`` (AVX512-BF16 / AMX), ``avx2`` (no native bf16) or ``unknown``: named beside every
-    speed figure and recorded in rows."""
-    native = cpu_has_native_bf16()
-    return "unknown" if native is None else "bf16-native" if native else "avx2"
+def concrete_dtype(name: str, device: str = "cpu") -> str:
+    """A ``model.dtype`` setting as a dtype name. ``auto`` picks the faster precision for speculation on
+    ``device``: bf16 on GPUs and on CPUs that multiply bf16 natively, fp32 on other CPUs (there a bf16
+    forward over a tree costs ~4 one-token forwards, fp32's ~2)."""
+    return dtype_name(name) if str(name) != "auto" else auto_dtype(device)
 
 
 def warn_if_slow_bf16(dtype: torch.dtype, device: str) -> None:

@@ -3,7 +3,7 @@
 
 ``T_verify(q)`` is one target forward over ``q`` tree tokens (root included) plus its LM head, and
 ``T_draft`` one drafting round at each depth up to the configured one. Both are measured once per
-(target, head, drafting settings, device, dtype, threads) on a context of ``context`` tokens and
+(target, head, drafting settings, device, dtype, threads, kernels) on a context of ``context`` tokens and
 cached as JSON (``method.profile_dir``, default ``~/.cache/eagle2/profiles``);
 ``method.reprofile=true`` measures again.
 """
@@ -22,6 +22,7 @@ import torch
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.engine import device_clock
 from eagle2.core.features import LayerTap
+from eagle2.core.kernels import kernels_in_use
 from eagle2.drafters.budget import CostProfile
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
@@ -105,6 +106,7 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
     facts = {"target": target.config.to_dict(), "head": head.config.to_dict(), "depth": depth, "top_k": top_k,
              "draft_vocab": None if vocab is None else len(vocab), "lm_head_dtype": str(drafting.get("lm_head_dtype")),
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
+             **({} if kernels_in_use(target) == "stock" else {"kernels": kernels_in_use(target)}),
              "context": context, "max_q": max_q, "torch": torch.__version__}
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
         facts["target"].pop(noisy, None)

@@ -17,6 +17,7 @@ import torch
 
 from eagle2.core.cache import crop, new_cache
 from eagle2.core.engine import device_clock
+from eagle2.core.kernels import PackedLinear
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
 
@@ -29,7 +30,8 @@ def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
     """The LM head used for drafting: the target's own, or a cached copy restricted to the token ids
     ``vocab`` (a reduced draft vocabulary) and/or cast to ``dtype`` (bf16 is cheaper on CPU).
     Verification always uses the target's own head, so this changes draft quality, never the output:
-    a token outside ``vocab`` is simply never proposed."""
+    a token outside ``vocab`` is simply never proposed. A bf16 copy is oneDNN-packed when the target's
+    own head is (``eagle2.core.kernels``)."""
     if (dtype is None or dtype == lm_head.weight.dtype) and vocab is None:
         return lm_head
     dtype = dtype or lm_head.weight.dtype
@@ -44,7 +46,8 @@ def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
             copy.weight.copy_(weight)
             if lm_head.bias is not None:
                 copy.bias.copy_(lm_head.bias[rows])
-        copies[key] = copy.requires_grad_(False)
+        copy.requires_grad_(False)
+        copies[key] = PackedLinear(copy) if isinstance(lm_head, PackedLinear) and dtype == torch.bfloat16 else copy
     return copies[key]
 
 
@@ -147,12 +150,16 @@ class HeadRunner:
         n, first = len(tokens), len(self.fed_parent)
         self.fed_parent.extend(parent_fed)
         total = len(self.fed_parent)
-        anc = torch.zeros(n, total, dtype=torch.bool)
+        rows, cols = [], []  # (row, fed index) of every ancestor of every new node, itself included
         for row, p in enumerate(parent_fed):
+            rows.append(row)
+            cols.append(first + row)
             while p != -1:
-                anc[row, p] = True
+                rows.append(row)
+                cols.append(p)
                 p = self.fed_parent[p]
-            anc[row, first + row] = True
+        anc = torch.zeros(n, total, dtype=torch.bool)
+        anc[rows, cols] = True  # one indexed write, not one per ancestor
         allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool), anc], dim=1)
         positions = torch.full((n,), self.committed + depth - 1, device=self.device)
         out = self._head(torch.tensor(tokens, device=self.device), parent_features, positions,
@@ -180,17 +187,18 @@ def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, de
     """
     from eagle2.core.tree import DraftTree
 
-    parent_list = parents.tolist()
-    tree_index = torch.full((len(tokens),), -1, dtype=torch.long)
-    tree_index[keep] = torch.arange(1, len(keep) + 1)
-    kept_parents = [0 if parent_list[i] < 0 else int(tree_index[parent_list[i]]) for i in keep.tolist()]
+    parent_list, keep_list = parents.tolist(), keep.tolist()  # bookkeeping on Python lists, no tensor reads
+    tree_index = [-1] * len(parent_list)
+    for j, i in enumerate(keep_list):
+        tree_index[i] = j + 1
+    kept_parents = [0 if parent_list[i] < 0 else tree_index[parent_list[i]] for i in keep_list]
     if any(p < 0 for p in kept_parents):
         raise ValueError("kept draft nodes are not connected to the root")
     conf = log_conf.exp()
     tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep].cpu()]), torch.tensor([-1, *kept_parents]),
                      confidence=torch.cat([torch.ones(1), conf[keep].cpu()]), meta=meta)
-    parent_tree_index = [0 if p < 0 else int(tree_index[p]) for p in parent_list]  # 0: the root
+    parent_tree_index = [0 if p < 0 else tree_index[p] for p in parent_list]  # 0: the root
     tree.records = {"depth": depth.tolist(), "rank": rank.tolist(), "confidence": conf.tolist(),
-                    "value": log_value.exp().tolist(), "tree_index": tree_index.tolist(),
+                    "value": log_value.exp().tolist(), "tree_index": tree_index,
                     "parent_tree_index": parent_tree_index}
     return tree

@@ -23,7 +23,8 @@ from eagle2.training.models import new_head
 def _dtype(name: str) -> torch.dtype:
     """A loss dtype setting; ``auto`` is bf16 where the CPU multiplies bf16 natively (~2.5x faster
     there) and fp32 elsewhere (on an AVX2-only CPU a bf16 LM-head matmul is many times slower)."""
-    from eagle2.core.precision import cpu_has_native_bf16, resolve_dtype
+    from eagle2.core.cpu import cpu_has_native_bf16
+    from eagle2.core.precision import resolve_dtype
 
     if name == "auto":
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
