@@ -5,6 +5,7 @@ the key, and ``save_head`` -> ``load_head`` is lossless."""
 
 from __future__ import annotations
 
+import copy
 import json
 import pickle
 
@@ -173,3 +174,15 @@ def test_trained_head_export_round_trip(target, tmp_path):
     save_head(head, tmp_path / "fp16", dtype=torch.float16)
     assert torch.allclose(run_head(head), run_head(load_head(tmp_path / "fp16", target)), atol=2e-2)
     assert export_dtype(head, 1e-3) == torch.float16
+
+
+def test_half_precision_head_keeps_fp32_rotary_tables(target, tmp_path):
+    """Loaded beside a bf16 target, the head's weights are bf16 but its rotary inv_freq stays fp32, as the
+    target's own does: rounded, every rotary angle of the head would drift from the target's."""
+    half = copy.deepcopy(target).to(torch.bfloat16)
+    head = load_head(write_checkpoint(tmp_path / "ckpt", published_weights(), "safetensors"), half)
+    assert next(head.parameters()).dtype == torch.bfloat16
+    tables = [b for name, b in head.named_buffers() if name.endswith("inv_freq")]
+    assert tables and all(b.dtype == torch.float32 for b in tables)
+    fresh = load_head(write_checkpoint(tmp_path / "ref", published_weights(), "safetensors"), target)
+    assert torch.equal(tables[0], dict(fresh.named_buffers())["rotary_emb.inv_freq"])

@@ -96,3 +96,14 @@ def weights_fingerprint(location: str | Path) -> str | None:
             for block in iter(lambda: f.read(1 << 22), b""):
                 digest.update(block)
     return digest.hexdigest()[:12]
+
+
+def cast_like_target(module: torch.nn.Module, target) -> torch.nn.Module:
+    """``module`` on the target's device and in its dtype, with rotary ``inv_freq`` tables kept in fp32 as
+    transformers keeps the target's own (rounding them to half precision shifts every rotary angle)."""
+    tables = {name: buf.detach().float().clone() for name, buf in module.named_buffers() if name.endswith("inv_freq")}
+    module.to(target.device, target.dtype)
+    for name, table in tables.items():
+        owner, _, attr = name.rpartition(".")
+        module.get_submodule(owner)._buffers[attr] = table.to(target.device)
+    return module

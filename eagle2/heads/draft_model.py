@@ -24,7 +24,14 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle2.heads.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
+from eagle2.heads.checkpoint import (
+    WEIGHT_FILES,
+    cast_like_target,
+    check_state,
+    checkpoint_folder,
+    drop_rotary_buffers,
+    read_weights,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,4 +166,4 @@ def load_draft_model(location: str | Path, target):
         draft = _load_shared_format(folder, target)
     else:
         draft = _load_full_checkpoint(folder, target)
-    return draft.to(target.device, target.dtype).eval()
+    return cast_like_target(draft, target).eval()

@@ -32,7 +32,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle2.core.features import eagle3_layers
-from eagle2.heads.checkpoint import check_state, checkpoint_folder, read_weights
+from eagle2.heads.checkpoint import cast_like_target, check_state, checkpoint_folder, read_weights
 
 
 class Eagle3Attention(nn.Module):
@@ -195,7 +195,7 @@ def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
                          "and the checkpoint has no embed_tokens.weight")
     else:
         head.attach_embedding(target.get_input_embeddings())
-    return head.to(target.device, target.dtype).eval()
+    return cast_like_target(head, target).eval()
 
 
 def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:

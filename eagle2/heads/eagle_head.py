@@ -31,7 +31,14 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from eagle2.core.cache import cache_kwargs
 from eagle2.core.tree import additive_mask
-from eagle2.heads.checkpoint import WEIGHT_FILES, check_state, checkpoint_folder, drop_rotary_buffers, read_weights
+from eagle2.heads.checkpoint import (
+    WEIGHT_FILES,
+    cast_like_target,
+    check_state,
+    checkpoint_folder,
+    drop_rotary_buffers,
+    read_weights,
+)
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
@@ -134,7 +141,7 @@ def load_head(location: str | Path, target) -> EagleHead:
         from safetensors.torch import load_file
 
         head.draft_vocab = load_file(str(folder / DRAFT_VOCAB_FILE))["token_ids"].long()
-    return head.to(target.device, target.dtype).eval()
+    return cast_like_target(head, target).eval()
 
 
 def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
