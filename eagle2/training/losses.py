@@ -97,6 +97,26 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return grad * (grad_out / ctx.n), None, None, None, None, None, None
 
 
+class _LogitsSoftCrossEntropy(torch.autograd.Function):
+    """Mean over rows of ``-sum_v q_v log softmax(z)_v`` for given logits ``z`` (N, V) and targets ``q``:
+    the gradient ``softmax(z) - q`` is formed in the forward and kept in ``z``'s dtype (bf16 under
+    autocast), so no fp32 (N, V) log-probabilities are stored for a backward through log_softmax."""
+
+    @staticmethod
+    def forward(ctx, z, q):
+        logp = torch.log_softmax(z.float(), -1)
+        n = max(z.shape[0], 1)
+        loss = -torch.linalg.vecdot(q, logp).sum() / n
+        ctx.save_for_backward(logp.exp_().sub_(q).to(z.dtype) if ctx.needs_input_grad[0] else None)
+        ctx.n = n
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad,) = ctx.saved_tensors
+        return grad * (grad_out / ctx.n).to(grad.dtype), None
+
+
 def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *, topk: int = 4,
                        chunk: int = 1024) -> tuple[torch.Tensor, dict]:
     """Soft cross-entropy of ``lm_head(x)`` against ``softmax(lm_head(y))`` (``y`` gets no gradient).
@@ -229,14 +249,14 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
         pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         if pick is not None:
             p, y = p[pick], y[pick]
-        logp = torch.log_softmax(readout(p).float(), -1)
+        logits = readout(p)
         with torch.no_grad():
             q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
-        ce = -(q * logp).sum(-1).mean()
+        ce = _LogitsSoftCrossEntropy.apply(logits, q)
         losses.append(ce)
         if with_stats:
             with torch.no_grad():
-                step_stats = agreement(logp.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
+                step_stats = agreement(logits.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
                                        vocab_ids=ids)
             if step == 1:
                 stats.update(step_stats, cls=ce.item())
