@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -79,6 +78,8 @@ def bench(kind: str, target, corpus: Path, base_cfg, steps: int) -> dict[str, fl
     """Median tokens/s per step of each variant on the same batches, timed in turns."""
     from omegaconf import OmegaConf
 
+    from eagle2.core.engine import device_clock
+
     trainers = {}
     for name, over in VARIANTS.items():
         cfg = OmegaConf.merge(base_cfg, over)
@@ -89,10 +90,10 @@ def bench(kind: str, target, corpus: Path, base_cfg, steps: int) -> dict[str, fl
     for i in range(steps + 1):
         batch = plan[i % len(plan)]
         for name, trainer in trainers.items():
-            t0 = time.perf_counter()
+            t0 = device_clock(trainer.device)
             _, _, tokens = trainer.train_step(batch, with_stats=False)
             if i:  # step 0 warms up
-                rates[name].append(tokens / (time.perf_counter() - t0))
+                rates[name].append(tokens / (device_clock(trainer.device) - t0))
     return {name: statistics.median(r) for name, r in rates.items()} | {
         "autocast": trainers["after"].speed_info["autocast"]}
 
