@@ -439,3 +439,21 @@ def test_head_training_continues_from_a_saved_head(target, corpus, tmp_path):
     assert trained.draft_vocab.tolist() == [4, 9, 7]
     fresh, _ = train_head(target, corpus, head_cfg(epochs=1, lr=0.0), tmp_path / "fresh")
     assert not torch.equal(fresh.fc.weight, start.fc.weight)
+
+
+def test_autocast_setting_follows_the_cpu(monkeypatch, target, corpus, tmp_path):
+    """``autocast=auto`` is bf16 only where the CPU multiplies bf16 natively (an ONEDNN_MAX_CPU_ISA cap
+    below bf16 counts as none); train rows record the choice, the CPU kind and the rate."""
+    from eagle2.core.cpu import cpu_has_native_bf16
+    from eagle2.training.loop import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype("off", cpu) is None and autocast_dtype("bf16", cpu) == torch.bfloat16
+    assert autocast_dtype("auto", cpu) == (torch.bfloat16 if cpu_has_native_bf16() else None)
+    with pytest.raises(ValueError, match="autocast"):
+        autocast_dtype("fp16", cpu)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert autocast_dtype("auto", cpu) is None
+    train_head(target, corpus, head_cfg(epochs=1, autocast="auto"), tmp_path / "run")
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert (row["autocast"], row["cpu_kind"]) == ("off", "avx2") and row["tok_s"] > 0 and row["threads"] >= 1

@@ -75,12 +75,16 @@ def train_val_sequences(corpus_dir: str | Path, val_fraction: float, max_train_s
     train sequences."""
     train_paths, val_paths = split_shards(corpus_dir, val_fraction)
     shards = {"train": [p.name for p in train_paths], "held_out": [p.name for p in val_paths]}
-    train_seqs = load_sequences(train_paths)
-    if max_train_sequences and int(max_train_sequences) < len(train_seqs):
-        # evenly spaced: shards follow prompt length, so a prefix would keep only the short prompts
-        keep = torch.linspace(0, len(train_seqs) - 1, int(max_train_sequences)).round().long().unique()
-        train_seqs = [train_seqs[i] for i in keep.tolist()]
-    return train_seqs, load_sequences(val_paths), shards
+    return evenly_spaced(load_sequences(train_paths), max_train_sequences), load_sequences(val_paths), shards
+
+
+def evenly_spaced(seqs: list, count: int | None) -> list:
+    """``count`` of ``seqs``, evenly spaced (all of them when ``count`` is None/0 or not smaller): shards
+    follow prompt length, so a prefix would keep only the short prompts (of one kind, in a mixed corpus)."""
+    if not count or int(count) >= len(seqs):
+        return seqs
+    keep = torch.linspace(0, len(seqs) - 1, int(count)).round().long().unique()
+    return [seqs[i] for i in keep.tolist()]
 
 
 def make_batches(lengths: list[int], token_budget: int, max_batch: int, seed: int, epoch: int,

@@ -11,7 +11,8 @@ Two measures, on sequences in the corpus format (the target's own greedy answers
   ``P(accepted length >= d)`` for ``d = 1..depth`` and the chain ``tau = 1 + sum_d P(len >= d)``,
   the expected tokens per target forward of chain speculative decoding with this drafter.
 
-All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
+Both measures are ``agreement``'s definitions (the trainer's validation rows use the same ones, on
+fp32 LM heads). All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
 and its own earlier drafts through a 4D mask. ``build_mtbench_heldout`` answers the MT-bench first
 turns greedily with the target, the headline held-out set. The recipe's eval stage is ``recipe.eval_stage``.
 """
@@ -27,7 +28,8 @@ import torch
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
-from eagle2.training.data import Sequence
+from eagle2.training.agreement import accepted_lengths, chain_summary, ranked_ids
+from eagle2.training.data import Sequence, evenly_spaced
 from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss
 
 
@@ -73,7 +75,7 @@ def _feature_chain(head, inputs: torch.Tensor, to_token, seq: Sequence, anchors:
 
 def head_chain(head, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
     """(A, depth) tokens drafted greedily by an EAGLE head (through the target's LM head ``proj``)."""
-    return _feature_chain(head, seq.features, lambda f: proj(f).argmax(-1), seq, anchors, depth)
+    return _feature_chain(head, seq.features, lambda f: ranked_ids(proj(f), 1)[:, 0], seq, anchors, depth)
 
 
 def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
@@ -81,8 +83,7 @@ def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.T
     readout, ids = head.drafting_lm_head(), head.draft_token_ids()
 
     def to_token(f):
-        best = readout(f).argmax(-1)
-        return best if ids is None else ids.to(best.device)[best]
+        return ranked_ids(readout(f), 1, ids)[:, 0]
     return _feature_chain(head, seq.layer_features, to_token, seq, anchors, depth)
 
 
@@ -109,20 +110,15 @@ def draft_chain(draft, proj: LossProjection, seq: Sequence, anchors: list[int], 
 def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: int = 4,
                      max_anchors_per_sequence: int | None = 64) -> dict:
     """P(accepted length >= d), d = 1..depth, and tau over all anchors of ``seqs``."""
-    counts = torch.zeros(depth + 1, dtype=torch.long)  # counts[k]: anchors with accepted length k
+    lengths = [torch.zeros(0, dtype=torch.long)]  # accepted length per anchor
     for seq in seqs:
         anchors = chain_anchors(len(seq.tokens), seq.start, depth, stride, max_anchors_per_sequence)
         if not anchors:
             continue
         drafted = chain_fn(seq, anchors, depth).cpu()
         idx = torch.tensor(anchors)[:, None] + 2 + torch.arange(depth)[None]
-        match = (drafted == seq.tokens[idx]).long()
-        accepted = match.cumprod(dim=1).sum(dim=1)
-        counts += torch.bincount(accepted, minlength=depth + 1)
-    total = int(counts.sum())
-    at_least = [float(counts[d:].sum()) / max(total, 1) for d in range(1, depth + 1)]
-    return {"anchors": total, "accept_ge": {str(d): p for d, p in zip(range(1, depth + 1), at_least)},
-            "tau": 1.0 + sum(at_least)}
+        lengths.append(accepted_lengths(drafted, seq.tokens[idx]))
+    return chain_summary(torch.cat(lengths), depth)
 
 
 def _tf_settings(cfg) -> dict:
@@ -131,7 +127,7 @@ def _tf_settings(cfg) -> dict:
 
 def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 and greedy-chain acceptance of an EAGLE head on ``seqs``."""
-    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
+    seqs = evenly_spaced(seqs, cfg.max_sequences)
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
     head.eval()
     tf = evaluate_loss(head, partial(head_loss, proj=proj, noise=0.0, w_reg=1.0, w_cls=0.1), seqs,
@@ -145,7 +141,7 @@ def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 (full-vocabulary argmax) and greedy-chain acceptance of an EAGLE-3 head."""
     from eagle2.training.losses import eagle3_loss
 
-    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
+    seqs = evenly_spaced(seqs, cfg.max_sequences)
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
     head.eval()
     tf = evaluate_loss(head, partial(eagle3_loss, proj=proj), seqs, device=head.fc.weight.device,
@@ -157,7 +153,7 @@ def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
 
 def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 and greedy-chain acceptance of an SpS draft model on ``seqs``."""
-    seqs = seqs[: cfg.max_sequences] if cfg.max_sequences else seqs
+    seqs = evenly_spaced(seqs, cfg.max_sequences)
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
     own = LossProjection(draft.get_output_embeddings(), torch.float32)
     draft.eval()

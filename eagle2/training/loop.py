@@ -5,6 +5,10 @@ epoch drawn from the seed), gradient clipping, and one checkpoint file (``checkp
 optimizer, scheduler, position in the data, RNG) replaced atomically every ``checkpoint_every`` steps
 and at every epoch end. A rerun with the same ``out_dir`` resumes from it and reproduces an
 uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice.
+
+Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
+bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
+state; validation always runs in fp32. Train rows record ``tok_s``, ``cpu_kind``, ``autocast`` and ``threads``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from eagle2.core.cpu import cpu_has_native_bf16, cpu_kind
 from eagle2.training.data import Sequence, collate, make_batches
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
@@ -35,6 +40,19 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 def warmup_steps(warmup: float, total: int) -> int:
     """``warmup`` is a fraction of ``total`` when < 1, else a step count; at least one step."""
     return max(1, int(warmup * total) if warmup < 1 else int(warmup))
+
+
+def autocast_dtype(setting: str | None, device: torch.device) -> torch.dtype | None:
+    """The training forward's autocast dtype: ``auto`` = bf16 on a CPU that multiplies bf16 natively
+    (and on CUDA), None (fp32) elsewhere; ``bf16`` always; ``off`` never."""
+    setting = str(setting or "auto").lower()
+    if setting not in ("auto", "bf16", "off"):
+        raise ValueError(f"train.*.autocast must be auto, bf16 or off, not {setting!r}")
+    if setting == "off":
+        return None
+    if setting == "bf16" or device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
+        return torch.bfloat16
+    return None
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -73,8 +91,13 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt = self.out / "checkpoint.pt"
         self.device = next(module.parameters()).device
+        self.autocast = autocast_dtype(cfg.get("autocast", "auto"), self.device)
+        self.speed_info = {"cpu_kind": cpu_kind() if self.device.type == "cpu" else self.device.type,
+                           "autocast": "off" if self.autocast is None else "bf16", "threads": torch.get_num_threads()}
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        # fused: one kernel per step for all parameters (CPU and CUDA), fewer passes than foreach
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                                     fused=self.device.type in ("cpu", "cuda"))
         lengths = [len(s.tokens) for s in train_seqs]
         self.plan = [make_batches(lengths, cfg.token_budget, cfg.max_batch, cfg.seed, e) for e in range(cfg.epochs)]
         self.total = sum(len(p) for p in self.plan)
@@ -128,7 +151,8 @@ class Trainer:
     def train_step(self, indices: list[int], with_stats: bool) -> tuple[dict, float, int]:
         """One optimizer step on the batch ``indices``; returns (loss stats, grad norm, real tokens)."""
         batch = collate([self.train_seqs[i] for i in indices], self.device)
-        loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
@@ -157,7 +181,8 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{rate:.0f}")
                 if log_step:
-                    last_stats = {**stats, "grad_norm": grad_norm, "lr": self.sched.get_last_lr()[0], "tok_s": rate}
+                    last_stats = {**stats, "grad_norm": grad_norm, "lr": self.sched.get_last_lr()[0], "tok_s": rate,
+                                  **self.speed_info}
                     self.log.write({"step": self.step, "epoch": self.epoch, "split": "train", **last_stats})
                 if on_step is not None:
                     on_step(self.step, stats)

@@ -13,6 +13,10 @@ distribution against the target's, restricted to that vocabulary, at every unrol
 
 SpS draft model: a soft cross-entropy (KL up to a constant) of the draft's next-token distribution
 against the target's ``softmax(lm_head(f[j]))`` at the answer positions (optionally the prompt too).
+
+Agreement stats (top-1 / top-4, per step) come from ``agreement`` (the one definition the eval stage
+uses too); when not training (validation, evaluation) every loss uses the exact fp32 LM head
+(``LossProjection.exact``), whatever the training loss dtype, so the figures do not depend on it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ import torch.nn.functional as F
 from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import EagleHead, causal_mask
-from eagle2.training.data import Sequence, collate, make_batches
+from eagle2.training.agreement import (
+    Tally,
+    agreement,
+    agreement_counts,
+    as_means,
+    counted_positions,
+    ranked_ids,
+    target_ids,
+)
+from eagle2.training.data import Sequence, collate, evenly_spaced, make_batches
 
 
 class LossProjection:
@@ -33,8 +46,16 @@ class LossProjection:
     returns fp32 logits."""
 
     def __init__(self, lm_head: torch.nn.Module, dtype: torch.dtype = torch.float32):
+        self.lm_head = lm_head
         self.weight = lm_head.weight.detach().to(dtype)
         self.bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias.detach().to(dtype)
+        self._exact: LossProjection | None = self if dtype == torch.float32 else None
+
+    def exact(self) -> LossProjection:
+        """The same LM head in fp32 (this one when it is fp32): validation and evaluation use it."""
+        if self._exact is None:
+            self._exact = LossProjection(self.lm_head, torch.float32)
+        return self._exact
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
@@ -50,25 +71,22 @@ class _SoftCrossEntropy(torch.autograd.Function):
         n = x.shape[0]
         grad = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         total = entropy = 0.0
-        top1 = topk_hits = 0
+        ranked, wanted = [], []
         for a in range(0, n, chunk):
             logp = torch.log_softmax(F.linear(x[a:a + chunk].to(weight.dtype), weight, bias).float(), -1)
             zq = F.linear(y[a:a + chunk].to(weight.dtype), weight, bias).float()
             q = torch.softmax(zq, -1)
             total -= float(torch.linalg.vecdot(q, logp).sum())
             if topk:
-                want = zq.argmax(-1)
-                top1 += int((logp.argmax(-1) == want).sum())
+                ranked.append(ranked_ids(logp, topk))
+                wanted.append(target_ids(zq))
                 entropy -= float(torch.linalg.vecdot(q, torch.log_softmax(zq, -1)).sum())
-                if topk > 1:
-                    topk_hits += int((logp.topk(topk, dim=-1).indices == want[:, None]).any(-1).sum())
             if grad is not None:
                 g = logp.exp_().sub_(q)
                 grad[a:a + chunk] = (g.to(weight.dtype) @ weight).to(x.dtype)
         if topk:
-            stats.update(top1=top1 / max(n, 1), entropy=entropy / max(n, 1))
-        if topk > 1:
-            stats[f"top{topk}"] = topk_hits / max(n, 1)
+            counts = agreement_counts(torch.cat(ranked), torch.cat(wanted), ks=(1, topk) if topk > 1 else (1,))
+            stats.update(as_means(counts), entropy=entropy / max(n, 1))
         ctx.save_for_backward(grad)
         ctx.n = n
         return x.new_tensor(total / max(n, 1))
@@ -77,6 +95,26 @@ class _SoftCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out):
         (grad,) = ctx.saved_tensors
         return grad * (grad_out / ctx.n), None, None, None, None, None, None
+
+
+class _LogitsSoftCrossEntropy(torch.autograd.Function):
+    """Mean over rows of ``-sum_v q_v log softmax(z)_v`` for given logits ``z`` (N, V) and targets ``q``:
+    the gradient ``softmax(z) - q`` is formed in the forward and kept in ``z``'s dtype (bf16 under
+    autocast), so no fp32 (N, V) log-probabilities are stored for a backward through log_softmax."""
+
+    @staticmethod
+    def forward(ctx, z, q):
+        logp = torch.log_softmax(z.float(), -1)
+        n = max(z.shape[0], 1)
+        loss = -torch.linalg.vecdot(q, logp).sum() / n
+        ctx.save_for_backward(logp.exp_().sub_(q).to(z.dtype) if ctx.needs_input_grad[0] else None)
+        ctx.n = n
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad,) = ctx.saved_tensors
+        return grad * (grad_out / ctx.n).to(grad.dtype), None
 
 
 def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *, topk: int = 4,
@@ -128,10 +166,8 @@ def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer:
 
 
 def _answer_positions(batch: dict) -> torch.Tensor:
-    """(B, L-1): head position j counts when ``f[j+1]`` is an answer position."""
-    valid, start = batch["valid"], batch["start"]
-    pos = torch.arange(valid.shape[1] - 1, device=valid.device)
-    return valid[:, 1:] & (pos[None] + 1 >= start[:, None])
+    """(B, L-1): head position j counts when ``f[j+1]`` is an answer position (``agreement``'s rule)."""
+    return counted_positions(batch["valid"], batch["start"])
 
 
 def _subsample(n: int, fraction: float, generator, device) -> torch.Tensor | None:
@@ -161,6 +197,7 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
     step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most of the cost) of steps >= 2 may
     use a random ``unroll_cls_fraction`` of their positions when training: an unbiased estimate at a
     fraction of the cost."""
+    proj = proj if train else proj.exact()
     feats = batch["features"]
     f_in = feats[:, :-1]
     if train and noise > 0:
@@ -181,7 +218,7 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
             step_stats.pop("entropy", None)
             stats.update(step_stats, reg=reg.item(), cls=cls.item(), n=n)
         elif "top1" in step_stats:
-            stats[f"top1_s{step}"] = step_stats["top1"]
+            stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
     return _combine(losses, stats, feats)
 
 
@@ -193,8 +230,9 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
     (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
     (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
     may use a random ``unroll_cls_fraction`` of their positions when training. ``top1`` (step 1) is
-    agreement with the target's argmax over the FULL vocabulary when not training (a token outside the
-    draft vocabulary is a miss), over the draft vocabulary when training (cheaper)."""
+    agreement with the target's argmax over the FULL vocabulary (a token outside the draft vocabulary is
+    a miss), as ``agreement`` defines it, in training rows too (computed on logged steps only)."""
+    proj = proj if train else proj.exact()
     if "layer_features" not in batch:
         raise ValueError("an EAGLE-3 head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
     feats = batch["features"]
@@ -211,33 +249,22 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
         pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         if pick is not None:
             p, y = p[pick], y[pick]
-        logp = torch.log_softmax(readout(p).float(), -1)
+        logits = readout(p)
         with torch.no_grad():
             q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
-        ce = -(q * logp).sum(-1).mean()
+        ce = _LogitsSoftCrossEntropy.apply(logits, q)
         losses.append(ce)
         if with_stats:
-            step_stats = _eagle3_agreement(logp.detach(), q, y, proj, ids, full=not train)
+            with torch.no_grad():
+                step_stats = agreement(logits.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
+                                       vocab_ids=ids)
             if step == 1:
-                stats.update(step_stats, cls=ce.item(), n=n)
+                stats.update(step_stats, cls=ce.item())
             else:
-                stats[f"top1_s{step}"] = step_stats["top1"]
+                stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
         elif step == 1:
             stats["n"] = n
     return _combine(losses, stats, feats)
-
-
-@torch.no_grad()
-def _eagle3_agreement(logp: torch.Tensor, q: torch.Tensor, y: torch.Tensor, proj: LossProjection,
-                      ids: torch.Tensor | None, full: bool) -> dict:
-    """top-1 (and top-4 when ``full``) agreement of the draft with the target's argmax."""
-    if not full:
-        return {"top1": (logp.argmax(-1) == q.argmax(-1)).float().mean().item()}
-    want = proj(y).argmax(-1)  # over the full vocabulary
-    top = logp.topk(4, dim=-1).indices
-    drafted = top if ids is None else ids.to(top.device)[top]
-    return {"top1": (drafted[:, 0] == want).float().mean().item(),
-            "top4": (drafted == want[:, None]).any(-1).float().mean().item()}
 
 
 def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,
@@ -245,6 +272,7 @@ def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool
                train: bool = True, with_stats: bool = True):
     """Soft cross-entropy of the draft against the target's next-token distribution. ``proj`` is the
     target's LM head; ``draft_proj`` the draft's when it has its own (default: shared, ``proj``)."""
+    proj = proj if train else proj.exact()
     tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
     b, length = tokens.shape
     pos = torch.arange(length, device=tokens.device)
@@ -261,11 +289,8 @@ def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool
         q_logits = proj(feats[sel])
         logp = torch.log_softmax(draft_proj(hidden[sel]), dim=-1)
         q = torch.softmax(q_logits, -1)
-        want = q_logits.argmax(-1)
         ce = -(q * logp).sum(-1).mean()
-        stats = {"top1": (logp.argmax(-1) == want).float().mean().item(),
-                 "top4": (logp.topk(4, -1).indices == want[:, None]).any(-1).float().mean().item(),
-                 "entropy": -(q * torch.log_softmax(q_logits, -1)).sum(-1).mean().item()}
+        stats = {**agreement(logp, q_logits), "entropy": -(q * torch.log_softmax(q_logits, -1)).sum(-1).mean().item()}
     if "entropy" in stats:
         stats["kl"] = ce.item() - stats.pop("entropy")
     stats.update(loss=ce.item(), n=n)
@@ -275,19 +300,16 @@ def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool
 @torch.no_grad()
 def evaluate_loss(module, loss_fn: Callable, seqs: list[Sequence], *, token_budget: int, max_batch: int,
                   max_sequences: int | None = None, device=None) -> dict[str, float]:
-    """Position-weighted means of the loss stats over ``seqs`` (no noise)."""
-    seqs = seqs[:max_sequences] if max_sequences else seqs
+    """Position-weighted means of the loss stats over ``seqs`` (no noise; ``agreement.Tally``);
+    ``max_sequences`` keeps that many, evenly spaced (``data.evenly_spaced``), as the eval stage does."""
+    seqs = evenly_spaced(seqs, max_sequences)
     if not seqs:
         return {}
     was_training = module.training
     module.eval()
-    totals: dict[str, float] = {}
-    count = 0
+    tally = Tally()
     for idx in make_batches([len(s.tokens) for s in seqs], token_budget, max_batch, seed=0, epoch=0):
         _, stats = loss_fn(module, collate([seqs[i] for i in idx], device), train=False)
-        n = stats.pop("n")
-        count += n
-        for k, v in stats.items():
-            totals[k] = totals.get(k, 0.0) + v * n
+        tally.add(stats)
     module.train(was_training)
-    return {k: v / max(count, 1) for k, v in totals.items()} | {"positions": count}
+    return tally.means()

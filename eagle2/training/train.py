@@ -40,6 +40,14 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
+    head, loss_fn, extra = head_setup(target, cfg)
+    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra, **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
+    return head.eval(), summary
+
+
+def head_setup(target, cfg) -> tuple[EagleHead, object, dict]:
+    """(fresh or continued EAGLE head, its loss function, its fingerprint settings) for ``cfg``."""
     head = new_head(target, cfg.init_from_target, cfg.num_layers)
     if cfg.init_from:  # continue from a trained head (published format); its draft vocabulary too
         from eagle2.heads.eagle_head import load_head
@@ -53,9 +61,7 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
                       unroll_cls_fraction=float(cfg.unroll_cls_fraction))
     # (the unroll settings are in the fingerprint only when unrolling: older checkpoints still resume)
     extra = {} if unroll == 1 else {"unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction)}
-    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra, **kwargs)
-    summary["corpus_shards"] = shards  # what this run read (training.json)
-    return head.eval(), summary
+    return head, loss_fn, extra
 
 
 def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> torch.Tensor:
@@ -76,12 +82,20 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     """Train an EAGLE-3 head (``eagle2.heads.eagle3_head``) on a corpus with the tapped layers recorded:
     draft vocabulary by answer-token frequency (``cfg.draft_vocab_size``), ``cfg.unroll`` steps of
     training-time test. A ``cfg.init_from`` head (official layout) is continued, vocabulary included."""
-    from eagle2.training.losses import eagle3_loss
-    from eagle2.training.models import new_eagle3_head
-
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
+    head, loss_fn, extra = eagle3_setup(target, corpus_dir, cfg)
+    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
+    return head.eval(), summary
+
+
+def eagle3_setup(target, corpus_dir: str | Path, cfg):
+    """(fresh or continued EAGLE-3 head, its loss function, its fingerprint settings) for ``cfg``."""
+    from eagle2.training.losses import eagle3_loss
+    from eagle2.training.models import new_eagle3_head
+
     if cfg.init_from:
         from eagle2.heads.eagle3_head import load_eagle3_head
 
@@ -94,9 +108,7 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction))
     extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
              "draft_vocab_size": head.draft_vocab_size}
-    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
-    summary["corpus_shards"] = shards  # what this run read (training.json)
-    return head.eval(), summary
+    return head, loss_fn, extra
 
 
 def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
