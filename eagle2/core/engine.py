@@ -130,7 +130,7 @@ def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, genera
             path, bonus = accept_stochastic(tree, probabilities(logits, params), generator)
         kept = [0, *path]
         keep_tree_path(cache, prefix, kept)
-        new = [int(tree.tokens[i]) for i in path] + [bonus]
+        new = tree.tokens[path].tolist() + [bonus]  # one read, not one per accepted node
         feats = hidden if tap is None else tap.read()
         drafter.observe(new, feats[0, kept] if drafter.needs_hidden else None)
         out.extend(new)

@@ -22,7 +22,7 @@ import torch
 from eagle2.core.tree import DraftTree
 from eagle2.drafters import cost_profile
 from eagle2.drafters.budget import CostProfile, best_budget
-from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, tree_from_drafted
+from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
 from eagle2.drafters.lookup import LookupSettings, find_chains
 
 
@@ -52,29 +52,31 @@ class Eagle2Drafter(HeadRunner):
             return DraftTree.root_only(root)
         k = self.top_k
         top_tokens, top_conf = self.top(root_logp, k)
-        # columns of every drafted node, one tensor per layer; drafted index = position in the concatenation
-        tokens, parents, ranks = [top_tokens.cpu()], [torch.full((k,), -1)], [torch.arange(k)]
-        log_conf, log_value, depth = [top_conf.cpu()], [top_conf.cpu()], [torch.ones(k, dtype=torch.long)]
+        # every drafted node's columns, one entry per layer; drafted index = position in the concatenation.
+        # Tokens and scores stay on the device; the structure (parents, ranks, depth) is Python lists.
+        tokens, log_conf, log_value = [top_tokens], [top_conf], [top_conf]
+        parents, ranks, depth = [-1] * k, list(range(k)), [1] * k
         start = 0  # drafted index of the newest layer's first node
-        parent_fed = torch.full((k,), -1)  # fed index (in the head cache) of each newest-layer node's parent
+        parent_fed = [-1] * k  # fed index (in the head cache) of each newest-layer node's parent
         parent_feat = self.root_feature.expand(k, -1)
         for d in range(1, self.depth):
-            pick = torch.topk(log_value[-1], min(k, log_value[-1].shape[0])).indices.sort().values
-            first_fed = len(self.fed_parent)
-            logp, feats = self.expand(tokens[-1][pick].tolist(), parent_fed[pick].tolist(), d, parent_feat[pick])
+            width = log_value[-1].shape[0]
+            pick_t = torch.topk(log_value[-1], min(k, width)).indices.sort().values
+            pick = pick_t.tolist()  # this depth's one read: which nodes are expanded
+            first_fed, n = len(self.fed_parent), len(pick)
+            logp, feats = self.expand(tokens[-1][pick_t], [parent_fed[i] for i in pick], d, parent_feat[pick_t])
             child_tokens, child_conf = self.top(logp, k)  # (n, k), siblings best-first
-            n = pick.shape[0]
-            parents.append((pick + start).repeat_interleave(k))
-            start += log_value[-1].shape[0]
-            tokens.append(child_tokens.reshape(-1).cpu())
-            ranks.append(torch.arange(k).repeat(n))
-            log_conf.append(child_conf.reshape(-1).cpu())
-            log_value.append((log_value[-1][pick, None] + log_conf[-1].view(n, k)).reshape(-1))
-            depth.append(torch.full((n * k,), d + 1))
-            parent_fed = torch.arange(first_fed, first_fed + n).repeat_interleave(k)
+            parents += [start + i for i in pick for _ in range(k)]
+            start += width
+            tokens.append(child_tokens.reshape(-1))
+            ranks += list(range(k)) * n
+            log_conf.append(child_conf.reshape(-1))
+            log_value.append((log_value[-1][pick_t, None] + child_conf).reshape(-1))
+            depth += [d + 1] * (n * k)
+            parent_fed = [first_fed + row for row in range(n) for _ in range(k)]
             parent_feat = feats.repeat_interleave(k, dim=0)
-        tokens, parents, ranks, log_conf, log_value, depth = (
-            torch.cat(c) for c in (tokens, parents, ranks, log_conf, log_value, depth))
+        tokens, log_conf, log_value = to_host(torch.cat(tokens), torch.cat(log_conf), torch.cat(log_value))
+        parents, ranks, depth = torch.tensor(parents), torch.tensor(ranks), torch.tensor(depth)
         by_depth = torch.argsort(depth, stable=True)
         order = by_depth[torch.argsort(-log_value[by_depth], stable=True)]  # by V, ties shallower first
         meta = {}

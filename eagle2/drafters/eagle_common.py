@@ -142,12 +142,15 @@ class HeadRunner:
         self.forward_time += device_clock(self.device) - t0
         return torch.log_softmax(logits, dim=-1)
 
-    def expand(self, tokens: list[int], parent_fed: list[int], depth: int,
+    def expand(self, tokens: torch.Tensor | list[int], parent_fed: list[int], depth: int,
                parent_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed tree nodes of one depth; ``parent_fed[i]`` is the fed index of node i's parent (-1 for
-        the root), ``parent_features`` (n, H) the features predicted at the parents.
-        Returns (log-probs of their children (n, V), their predicted features (n, H))."""
-        n, first = len(tokens), len(self.fed_parent)
+        """Feed tree nodes of one depth: their ``tokens`` (n,) (a tensor on the device stays there),
+        ``parent_fed[i]`` the fed index of node i's parent (-1 for the root), ``parent_features`` (n, H)
+        the features predicted at the parents. The ancestor mask is built from Python lists and moved
+        once. Returns (log-probs of their children (n, V), their predicted features (n, H))."""
+        if not torch.is_tensor(tokens):
+            tokens = torch.tensor(tokens, device=self.device)
+        n, first = tokens.shape[0], len(self.fed_parent)
         self.fed_parent.extend(parent_fed)
         total = len(self.fed_parent)
         rows, cols = [], []  # (row, fed index) of every ancestor of every new node, itself included
@@ -162,9 +165,16 @@ class HeadRunner:
         anc[rows, cols] = True  # one indexed write, not one per ancestor
         allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool), anc], dim=1)
         positions = torch.full((n,), self.committed + depth - 1, device=self.device)
-        out = self._head(torch.tensor(tokens, device=self.device), parent_features, positions,
+        out = self._head(tokens.to(self.device), parent_features, positions,
                          additive_mask(allowed, self.dtype, self.device))
         return self.log_probs(out), out
+
+
+def to_host(*columns: torch.Tensor) -> list[torch.Tensor]:
+    """Per-node columns of a drafted tree (token ids, float scores; equal length) moved to the host in
+    ONE transfer, as float64 (exact for float32 scores and for token ids below 2**53), back in their dtypes."""
+    host = torch.stack([c.to(torch.float64) for c in columns]).cpu()
+    return [row.to(c.dtype) for row, c in zip(host, columns)]
 
 
 def path_log_values(parents: torch.Tensor, log_conf: torch.Tensor) -> torch.Tensor:
@@ -181,9 +191,9 @@ def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, de
                       **meta):
     """Flatten kept drafted nodes into a DraftTree, with per-node records of every drafted node.
 
-    Drafted nodes are indexed so that parents precede children and siblings are contiguous and
-    best-first; ``parents`` holds drafted indices (-1 for the root); ``keep`` (ascending) must be
-    closed under taking parents.
+    Every column is on the host (drafters move them in one transfer: ``to_host``). Drafted nodes are
+    indexed so that parents precede children and siblings are contiguous and best-first; ``parents``
+    holds drafted indices (-1 for the root); ``keep`` (ascending) must be closed under taking parents.
     """
     from eagle2.core.tree import DraftTree
 
@@ -195,8 +205,8 @@ def tree_from_drafted(root: int, tokens: torch.Tensor, parents: torch.Tensor, de
     if any(p < 0 for p in kept_parents):
         raise ValueError("kept draft nodes are not connected to the root")
     conf = log_conf.exp()
-    tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep].cpu()]), torch.tensor([-1, *kept_parents]),
-                     confidence=torch.cat([torch.ones(1), conf[keep].cpu()]), meta=meta)
+    tree = DraftTree(torch.cat([torch.tensor([root]), tokens[keep]]), torch.tensor([-1, *kept_parents]),
+                     confidence=torch.cat([torch.ones(1), conf[keep]]), meta=meta)
     parent_tree_index = [0 if p < 0 else tree_index[p] for p in parent_list]  # 0: the root
     tree.records = {"depth": depth.tolist(), "rank": rank.tolist(), "confidence": conf.tolist(),
                     "value": log_value.exp().tolist(), "tree_index": tree_index,

@@ -9,45 +9,55 @@ from __future__ import annotations
 import torch
 
 from eagle2.core.tree import DraftTree, choice_paths
-from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, tree_from_drafted
+from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, to_host, tree_from_drafted
 
 
 class EagleStaticDrafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, choices: list[list[int]], **drafting):
         super().__init__(head, lm_head, device, **drafting)
-        paths = choice_paths(choices)
+        paths = choice_paths(choices)  # parents first, by depth: layer d is a contiguous range of nodes
         index = {p: i for i, p in enumerate(paths)}
         self.paths = paths
         self.parent = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths])
         self.rank = torch.tensor([p[-1] for p in paths])
         self.depth = torch.tensor([len(p) for p in paths])
         self.max_rank = int(self.rank.max()) + 1
+        parent = self.parent_list = self.parent.tolist()
+        is_parent = set(parent)
+        self.layers = []  # per depth: (its nodes, the row of each one's parent among the previous depth's
+        fed = {-1: 0}     # fed nodes, each one's rank, the positions of those with children)
+        for d in range(1, len(paths[-1]) + 1):
+            nodes = [i for i, p in enumerate(paths) if len(p) == d]
+            parent_rows = [fed[parent[i]] for i in nodes]
+            with_children = [j for j, i in enumerate(nodes) if i in is_parent]
+            self.layers.append((nodes, torch.tensor(parent_rows), torch.tensor([paths[i][-1] for i in nodes]),
+                                with_children))
+            fed = {nodes[j]: row for row, j in enumerate(with_children)}
 
     def propose(self, root: int, room: int) -> DraftTree:
-        n = len(self.paths)
-        tokens = torch.zeros(n, dtype=torch.long)
-        log_conf = torch.zeros(n)
-        fed_of = torch.full((n,), -1)  # fed index of each node once it is fed to the head
-        logp_of = {-1: self.catch_up()}  # node -> log-probs of its children
-        feat_of = {-1: self.root_feature}
-        for d in range(1, int(self.depth.max()) + 1):
-            layer = (self.depth == d).nonzero()[:, 0]
-            for i in layer.tolist():  # pick each node's token: rank-th best child of its parent
-                top_tokens, top_conf = self.top(logp_of[int(self.parent[i])], self.max_rank)
-                tokens[i], log_conf[i] = top_tokens[self.rank[i]], top_conf[self.rank[i]]
-            has_children = [i for i in layer.tolist() if (self.parent == i).any()]
-            if not has_children:
+        """Depth by depth: one top-k over the previous depth's fed nodes picks every node's token (the
+        rank-th best child of its parent), one head forward feeds the nodes with children; tokens and
+        confidences stay on the device until one transfer at the end."""
+        logp, feats = self.catch_up()[None], self.root_feature[None]  # the root's children; its feature
+        fed_index = {-1: -1}  # node -> its fed index in the head cache
+        tokens, log_conf = [], []
+        for d, (nodes, parent_rows, ranks, with_children) in enumerate(self.layers, start=1):
+            top_tokens, top_conf = self.top(logp, self.max_rank)  # (parents, max_rank)
+            rows, cols = parent_rows.to(logp.device), ranks.to(logp.device)
+            tokens.append(top_tokens[rows, cols])
+            log_conf.append(top_conf[rows, cols])
+            if not with_children:
                 break
-            parents_fed = [int(fed_of[self.parent[i]]) if self.parent[i] >= 0 else -1 for i in has_children]
+            pick = torch.tensor(with_children, device=logp.device)
             first_fed = len(self.fed_parent)
-            feats_in = torch.stack([feat_of[int(self.parent[i])] for i in has_children])
-            logp, feats = self.expand(tokens[has_children].tolist(), parents_fed, d, feats_in)
-            for row, i in enumerate(has_children):
-                fed_of[i] = first_fed + row
-                logp_of[i], feat_of[i] = logp[row], feats[row]
+            parents_fed = [fed_index[self.parent_list[nodes[j]]] for j in with_children]
+            logp, feats = self.expand(tokens[-1][pick], parents_fed, d, feats[rows[pick]])
+            fed_index.update({nodes[j]: first_fed + row for row, j in enumerate(with_children)})
+        tokens, log_conf = to_host(torch.cat(tokens), torch.cat(log_conf))
+        n = tokens.shape[0]  # every node up to the deepest layer reached
+        parent, depth, rank = self.parent[:n], self.depth[:n], self.rank[:n]
         keep = torch.arange(min(n, max(room - 1, 0)))
-        return tree_from_drafted(root, tokens, self.parent, self.depth, self.rank, log_conf,
-                                 path_log_values(self.parent, log_conf), keep)
+        return tree_from_drafted(root, tokens, parent, depth, rank, log_conf, path_log_values(parent, log_conf), keep)
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> EagleStaticDrafter:
