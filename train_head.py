@@ -3,6 +3,8 @@
     python train_head.py                          # the full SmolLM2 recipe (conf/train/smollm2.yaml)
     python train_head.py train=tiny stage=all     # a one-minute smoke run
     python train_head.py stage=head               # one stage: corpus | head | draft | eval | all
+    python train_head.py stage=conversations      # two-turn self-instruct token shards (artifacts/corpus/, tracked)
+    python train_head.py stage=features           # ... -> feature shards under artifacts/work/ (one forward each)
 
 Every stage resumes: the corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go
 to ``train.export.head`` / ``train.export.draft`` (for SmolLM2 ``model.head`` / ``model.sps_draft``).

@@ -5,8 +5,9 @@ Its job is to make the trainer's figures and the evaluator's the same number whe
 sequences. The rules, all here:
 
 - counted positions: head position ``j`` (it reads ``(t[j+1], f[j])`` and predicts the target's next
-  token after ``t[j+1]``) counts when ``f[j+1]`` is an answer position, ``j + 1 >= start``, and is not
-  padding (``counted_positions``); the prompt is context only;
+  token after ``t[j+1]``) counts when ``f[j+1]`` is an answer position, ``j + 1 >= start`` (or, for
+  sequences with several answers, ``answer[j+1]``), and is not padding (``counted_positions``); the
+  prompt (and a later user turn) is context only;
 - the target's token: ``argmax lm_head(f[j+1])`` over the FULL vocabulary (``target_ids``);
 - the draft's tokens: its ``k`` best, mapped to target ids through ``vocab_ids`` when it drafts over a
   restricted vocabulary, so a target token outside that vocabulary is a miss, never dropped (``ranked_ids``);
@@ -28,9 +29,12 @@ import torch
 _STEP_KEY = re.compile(r"_s(\d+)$")  # top1_s2: an unrolled draft step's figure, counted by n_s2
 
 
-def counted_positions(valid: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def counted_positions(valid: torch.Tensor, start: torch.Tensor, answer: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L-1) bool: head position ``j`` counts when ``f[j+1]`` is a real answer position.
-    ``valid`` (B, L) marks real (unpadded) tokens, ``start`` (B,) the first answer index."""
+    ``valid`` (B, L) marks real (unpadded) tokens, ``start`` (B,) the first answer index; ``answer``
+    (B, L) bool, when given, marks the answer tokens instead (several answers per sequence)."""
+    if answer is not None:
+        return valid[:, 1:] & answer[:, 1:]
     pos = torch.arange(valid.shape[1] - 1, device=valid.device)
     return valid[:, 1:] & (pos[None] + 1 >= start[:, None])
 

@@ -13,7 +13,8 @@ killed run resumes where it stopped.
 Shard layout: ``tokens`` (N,) int32, ``features`` (N, H) fp16, ``offsets`` (B+1,) int64 sequence
 boundaries, ``response_start`` (B,) int64 index of the first answer token within each sequence, and
 with taps ``layer_features`` (N, k*H) fp16 (the k tapped layers' inputs, concatenated in layer order)
-plus ``tap_layers`` (k,) int64.
+plus ``tap_layers`` (k,) int64. Optional ``answer_mask`` (N,) uint8 (1 at answer tokens) for sequences with
+several answers (two-turn conversations, ``token_shards.py``); without it the answer is ``[response_start, n)``.
 """
 
 from __future__ import annotations
@@ -131,14 +132,18 @@ def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_
 
 
 def write_shard(path: Path, rows, hidden_size: int, tap_layers: tuple[int, ...] = ()) -> None:
-    """Write rows of (token ids, features (n, H or H + k*H), response_start) as one shard."""
-    tokens = torch.tensor([t for ids, _, _ in rows for t in ids], dtype=torch.int32)
-    features = torch.cat([f for _, f, _ in rows]).to(torch.float16)
-    lengths = torch.tensor([len(ids) for ids, _, _ in rows])
+    """Write rows of (token ids, features (n, H or H + k*H), response_start) as one shard; rows may carry
+    a fourth item, an (n,) 0/1 ``answer_mask`` (several answer spans per sequence), written as ``answer_mask``."""
+    tokens = torch.tensor([t for r in rows for t in r[0]], dtype=torch.int32)
+    features = torch.cat([r[1] for r in rows]).to(torch.float16)
+    lengths = torch.tensor([len(r[0]) for r in rows])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    starts = torch.tensor([s for _, _, s in rows], dtype=torch.long)
+    starts = torch.tensor([r[2] for r in rows], dtype=torch.long)
     tensors = {"tokens": tokens, "features": features[:, :hidden_size].contiguous(), "offsets": offsets,
                "response_start": starts}
+    if any(len(r) > 3 for r in rows):
+        tensors["answer_mask"] = torch.cat([r[3].to(torch.uint8) if len(r) > 3 else
+                                            (torch.arange(len(r[0])) >= r[2]).to(torch.uint8) for r in rows])
     if tap_layers:
         tensors["layer_features"] = features[:, hidden_size:].contiguous()
         tensors["tap_layers"] = torch.tensor(tap_layers, dtype=torch.long)
@@ -248,8 +253,11 @@ def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
     counts = None
     for shard in read_shards(folder):
         tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]
+        mask = shard.get("answer_mask")
         for row in range(len(starts)):
             answer = tokens[offsets[row] + starts[row]: offsets[row + 1]]
+            if mask is not None:
+                answer = answer[mask[offsets[row] + starts[row]: offsets[row + 1]].bool()]
             c = torch.bincount(answer, minlength=1)
             counts = c if counts is None else _add_padded(counts, c)
     if counts is None:

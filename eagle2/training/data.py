@@ -1,7 +1,8 @@
 """Corpus shards -> training data: sequences, the train/val split, token-budget batches, padded tensors.
 
 A corpus (``corpus.py``) is a folder of ``shard_*.safetensors``; each holds concatenated sequences
-(``tokens``, post-norm ``features``, ``offsets``, ``response_start``). Batches are right-padded,
+(``tokens``, post-norm ``features``, ``offsets``, ``response_start``, optionally ``answer_mask`` for sequences
+with several answers). Batches are right-padded,
 length-bucketed and in a fixed order per epoch drawn from the seed.
 """
 
@@ -21,6 +22,13 @@ class Sequence(NamedTuple):
     features: torch.Tensor  # (n, H) post-norm hidden states, usually fp16
     start: int  # index of the first answer token
     layer_features: torch.Tensor | None = None  # (n, k*H) inputs of the tapped layers (EAGLE-3), if recorded
+    answer_mask: torch.Tensor | None = None  # (n,) bool answer tokens (several answers); None: from ``start`` on
+
+    def is_answer(self) -> torch.Tensor:
+        """(n,) bool: the answer tokens (``answer_mask``, or every position from ``start`` on)."""
+        if self.answer_mask is not None:
+            return self.answer_mask.bool()
+        return torch.arange(len(self.tokens)) >= self.start
 
 
 def shard_index(path: Path) -> int:
@@ -49,9 +57,9 @@ def split_shards(folder: str | Path, val_fraction: float) -> tuple[list[Path], l
 def shard_sequences(shard: dict[str, torch.Tensor]) -> list[Sequence]:
     offsets = shard["offsets"].tolist()
     starts = shard["response_start"].tolist()
-    layers = shard.get("layer_features")
+    layers, mask = shard.get("layer_features"), shard.get("answer_mask")
     return [Sequence(shard["tokens"][a:b].long(), shard["features"][a:b], int(s),
-                     None if layers is None else layers[a:b])
+                     None if layers is None else layers[a:b], None if mask is None else mask[a:b].bool())
             for a, b, s in zip(offsets[:-1], offsets[1:], starts) if b - a >= 2]
 
 
@@ -117,8 +125,10 @@ def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
-    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,), and
-    layer_features (B, L, k*H) fp32 when every sequence has them."""
+    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,),
+    layer_features (B, L, k*H) fp32 when every sequence has them, and ``answer`` (B, L) bool when some
+    sequence has an ``answer_mask`` (the answer tokens; padding repeats the row's last value, so the
+    positions it selects equal the ``start`` rule's for sequences without a mask)."""
     width = max(len(s.tokens) for s in seqs)
     tokens = torch.zeros((len(seqs), width), dtype=torch.long)
     valid = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -128,6 +138,13 @@ def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
     start = torch.tensor([s.start for s in seqs], dtype=torch.long)
     batch = {"tokens": tokens.to(device), "features": _padded([s.features for s in seqs], width).to(device),
              "valid": valid.to(device), "start": start.to(device)}
+    if any(s.answer_mask is not None for s in seqs):
+        answer = torch.zeros((len(seqs), width), dtype=torch.bool)
+        for row, s in enumerate(seqs):
+            mask = s.is_answer()
+            answer[row, : len(mask)] = mask
+            answer[row, len(mask):] = mask[-1]
+        batch["answer"] = answer.to(device)
     if all(s.layer_features is not None for s in seqs):
         batch["layer_features"] = _padded([s.layer_features for s in seqs], width).to(device)
     return batch

@@ -33,9 +33,13 @@ from eagle2.training.data import Sequence, evenly_spaced
 from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss
 
 
-def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None) -> list[int]:
-    """Anchors ``j`` with ``t[j+1]`` an answer token (or the first) and ``depth`` true tokens after."""
+def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None,
+                  answer: torch.Tensor | None = None) -> list[int]:
+    """Anchors ``j`` with ``t[j+1]`` an answer token (or the first) and ``depth`` true tokens after;
+    ``answer`` (n,) bool, when given, keeps only anchors whose ``t[j+1]`` it marks (several answers)."""
     anchors = list(range(max(start - 1, 0), n - 1 - depth, max(1, stride)))
+    if answer is not None:
+        anchors = [j for j in anchors if bool(answer[j + 1])]
     return anchors[:limit] if limit else anchors
 
 
@@ -112,7 +116,8 @@ def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: 
     """P(accepted length >= d), d = 1..depth, and tau over all anchors of ``seqs``."""
     lengths = [torch.zeros(0, dtype=torch.long)]  # accepted length per anchor
     for seq in seqs:
-        anchors = chain_anchors(len(seq.tokens), seq.start, depth, stride, max_anchors_per_sequence)
+        anchors = chain_anchors(len(seq.tokens), seq.start, depth, stride, max_anchors_per_sequence,
+                                seq.answer_mask)
         if not anchors:
             continue
         drafted = chain_fn(seq, anchors, depth).cpu()

@@ -167,7 +167,7 @@ def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer:
 
 def _answer_positions(batch: dict) -> torch.Tensor:
     """(B, L-1): head position j counts when ``f[j+1]`` is an answer position (``agreement``'s rule)."""
-    return counted_positions(batch["valid"], batch["start"])
+    return counted_positions(batch["valid"], batch["start"], batch.get("answer"))
 
 
 def _subsample(n: int, fraction: float, generator, device) -> torch.Tensor | None:
@@ -278,7 +278,12 @@ def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool
     pos = torch.arange(length, device=tokens.device)
     hidden = draft.base_model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos.expand(b, -1),
                               use_cache=False).last_hidden_state
-    sel = valid if loss_on_prompt else valid & (pos[None] + 1 >= start[:, None])
+    if loss_on_prompt:
+        sel = valid
+    elif "answer" in batch:  # several answers: position i counts when token i+1 is an answer token
+        sel = valid & torch.cat([batch["answer"][:, 1:], batch["answer"][:, -1:]], dim=1)
+    else:
+        sel = valid & (pos[None] + 1 >= start[:, None])
     n = int(sel.sum())
     if n == 0:
         return hidden.sum() * 0.0, {"loss": 0.0, "kl": 0.0, "top1": 0.0, "n": 0}

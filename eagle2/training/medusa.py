@@ -50,9 +50,12 @@ def new_medusa_heads(target, num_heads: int, num_layers: int = 1, own_lm_head: b
     return heads.to(target.device, torch.float32)
 
 
-def medusa_targets(length: int, start: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+def medusa_targets(length: int, start: torch.Tensor, valid: torch.Tensor, k: int,
+                   answer: torch.Tensor | None = None) -> torch.Tensor:
     """(B, length-k-1) bool: positions t that drafting reads (the prompt's last one onwards, t + 1 >=
-    start) and whose head-k target f[t+k+1] exists."""
+    start; with ``answer`` (B, L): token t + 1 is an answer token) and whose head-k target f[t+k+1] exists."""
+    if answer is not None:
+        return valid[:, k + 1:] & answer[:, 1:length - k]
     t = torch.arange(length - k - 1, device=valid.device)
     return valid[:, k + 1:] & (t[None] + 1 >= start[:, None])
 
@@ -65,7 +68,7 @@ def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay:
     out = heads.features(feats)  # (K, B, L, H)
     total, stats = None, {}
     for k in range(len(heads)):
-        sel = medusa_targets(length, start, valid, k)
+        sel = medusa_targets(length, start, valid, k, batch.get("answer"))
         if k == 0:
             stats["n"] = int(sel.sum())
         if not sel.any():
@@ -150,6 +153,8 @@ def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int 
     dtype = next(heads.parameters()).dtype
     feats = seq.features.to(device, dtype)
     anchors = torch.arange(first, last, device=device)
+    if seq.answer_mask is not None:  # several answers: anchors whose next token is an answer token
+        anchors = anchors[seq.answer_mask.to(device)[anchors + 1]]
     want = target_lm_head(feats).argmax(-1)  # (n,) greedy token after each position
     if heads.draft_vocab is not None:  # as a column of the heads' logits; -1 outside their vocabulary
         column = torch.full((target_lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)

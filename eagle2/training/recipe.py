@@ -1,4 +1,5 @@
-"""The stages of ``train_head.py`` (corpus | head | eagle3 | draft | medusa | eval, or all of them in that order),
+"""The stages of ``train_head.py`` (corpus | head | eagle3 | draft | medusa | eval, or all of them in that order;
+and, outside ``all``, conversations | features: the self-instruct two-turn token corpus and its feature shards),
 each reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
+EXTRA_STAGES = ("conversations", "features")  # run only when named (hours of decoding; not part of ``all``)
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 
 
 def stages_of(stage: str) -> tuple[str, ...]:
     """The stages that ``stage`` (one of ``STAGES`` or ``all``) runs, in order."""
     stages = STAGES if stage == "all" else (stage,)
-    if any(s not in STAGES for s in stages):
-        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)} or all")
+    if any(s not in STAGES + EXTRA_STAGES for s in stages):
+        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES + EXTRA_STAGES)} or all")
     return stages
 
 
@@ -43,6 +45,33 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
                         workers=corpus_cfg.workers, stop_tokens=corpus_cfg.stop_tokens,
                         answers=[a for _, a in records] if responses == "dataset" else None,
                         tap_layers=corpus_tap_layers(target, corpus_cfg.get("tap_layers")))
+
+
+def conversations_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
+    """Generate (or finish) the two-turn self-instruct token corpus of ``train.conversations``."""
+    from omegaconf import OmegaConf
+
+    from eagle2.training.conversations import generate_conversations
+
+    c = conv_cfg
+    return generate_conversations(
+        target, tokenizer, root / c.out_dir, categories=OmegaConf.to_container(c.categories),
+        follow_ups=list(c.follow_ups), template=c.template, system_prompt=c.system_prompt, n_batches=c.n_batches,
+        batch_size=c.batch_size, max_user_tokens=c.max_user_tokens, min_user_tokens=c.min_user_tokens,
+        max_answer_tokens=c.max_answer_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed,
+        stop_tokens=c.stop_tokens, ngram=c.ngram, near_duplicate=c.near_duplicate)
+
+
+def features_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
+    """Teacher-forced feature shards of the token shards in ``train.conversations.out_dir``."""
+    from eagle2.training.corpus import corpus_tap_layers
+    from eagle2.training.token_shards import tokens_to_features
+
+    f = conv_cfg.features
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return tokens_to_features(target, root / conv_cfg.out_dir, root / f.out_dir, pad_id=pad_id,
+                              tap_layers=corpus_tap_layers(target, f.get("tap_layers")),
+                              token_budget=f.token_budget, max_shards=f.max_shards)
 
 
 def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
@@ -168,6 +197,11 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
 def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     """Run ``stage`` (one of ``STAGES``) or all of them in order."""
     stages = stages_of(stage)
+    if "conversations" in stages:
+        print(f"[train_head] conversations: {conversations_stage(target, tokenizer, cfg.train.conversations, root)}",
+              flush=True)
+    if "features" in stages:
+        print(f"[train_head] features: {features_stage(target, tokenizer, cfg.train.conversations, root)}", flush=True)
     if "corpus" in stages:
         print(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}", flush=True)
     if "head" in stages:

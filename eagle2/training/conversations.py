@@ -1,0 +1,258 @@
+"""Two-turn conversations written by the target itself (self-instruct), kept as token shards.
+
+Its job: a training corpus shaped like the benchmarks (MT-bench is two-turn) without their questions.
+Per batch of conversations, four batched decodes (left-padded, KV cache, as ``corpus.answer_batch``):
+
+1. the first user turn: sampled (temperature ~1, top-p, seeded per batch) right after the chat
+   template's user header, started with a category opener (writing, roleplay, reasoning, math, coding,
+   extraction, STEM, humanities; a few words such as "Write a poem about") so the mix is broad; it
+   ends at the end-of-turn token;
+2. the target's greedy answer;
+3. the second user turn: sampled after the first exchange from the user header and a category-neutral
+   opener ("Can you", "Now", ...), so it builds on the first answer;
+4. the target's greedy second answer.
+
+Filters: a user turn is dropped when it is too short, did not end within ``max_user_tokens``, or holds
+special tokens; and by ``Dedup``: when it shares any word n-gram (8 by default, words = lower-case
+``[a-z0-9]+`` runs; a turn shorter than n words: its whole normalised text) with any turn of the six
+benchmark sets (``all_benchmark_questions``), or when at least half of its n-grams were already seen in
+earlier kept user turns (near-duplicates among themselves; a second turn may repeat its own first).
+A dropped first turn drops the conversation; a dropped second turn keeps the first exchange alone.
+Counts of every drop are in each shard's ``meta``. Shards (``token_shards.py``) are written in batch
+order, one per batch, and resume after a kill (the dedup state is rebuilt from the shards written).
+Knows nothing of features or training.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from eagle2.bench.chat import _messages, encode_conversation, render, stop_ids
+from eagle2.bench.data import all_benchmark_questions
+from eagle2.core.cache import forward_target, new_cache
+from eagle2.training.token_shards import read_token_shard, write_token_shard
+
+_SENTINEL = "\x00NEXT_USER_TURN\x00"
+
+
+def user_header_ids(tokenizer, template: str, users: list[str], answers: list[str], system: str | None) -> list[int]:
+    """Token ids of the conversation so far up to where the next user message's text starts."""
+    if template == "tokenizer":
+        text = tokenizer.apply_chat_template(_messages(users + [_SENTINEL], answers, system), tokenize=False,
+                                             add_generation_prompt=False)
+    else:
+        text = render(template, users + [_SENTINEL], answers, system)
+    return tokenizer(text[: text.index(_SENTINEL)], add_special_tokens=template in ("vicuna", "llama2"))["input_ids"]
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, -1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def sample_batch(model, prompts: list[list[int]], stops: set[int], max_new_tokens: int, *, temperature: float = 0.0,
+                 top_p: float = 1.0, generator: torch.Generator | None = None, pad_id: int = 0):
+    """Decode a left-padded batch; per row (new token ids, ended with a stop token?). Greedy at
+    ``temperature`` 0, else nucleus sampling from ``generator``."""
+    batch, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        mask[row, width - len(ids):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = new_cache(model)
+    last = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)[:, -1]
+    out, ended = [[] for _ in range(batch)], [False] * batch
+    for step in range(max_new_tokens):
+        nxt = _next_token(model.lm_head(last).float(), temperature, top_p, generator)
+        for row in range(batch):
+            if not ended[row]:
+                out[row].append(int(nxt[row]))
+                ended[row] = int(nxt[row]) in stops
+        if all(ended) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+        positions = positions[:, -1:] + 1
+        last = forward_target(model, nxt[:, None], cache, attention_mask=mask, position_ids=positions)[:, -1]
+    return list(zip(out, ended))
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def ngram_keys(text: str, n: int = 8) -> set[str]:
+    """The normalised word n-grams of ``text`` (its whole normalised text when shorter than n words)."""
+    words = _words(text)
+    if len(words) < n:
+        return {" ".join(words)} if words else set()
+    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+class Dedup:
+    """Keeps benchmark questions and near-duplicates out: ``reason(text)`` is None or why it is dropped."""
+
+    def __init__(self, held_out: set[str], n: int = 8, near: float = 0.5):
+        self.n, self.near = n, near
+        self.held_out = set().union(*(ngram_keys(q, n) for q in held_out)) if held_out else set()
+        self.seen: set[str] = set()
+
+    def reason(self, text: str, allowed: set[str] = frozenset()) -> str | None:
+        keys = ngram_keys(text, self.n)
+        if keys & self.held_out:
+            return "benchmark"
+        if keys and len((keys & self.seen) - allowed) >= self.near * len(keys):
+            return "duplicate"
+        return None
+
+    def add(self, text: str) -> set[str]:
+        keys = ngram_keys(text, self.n)
+        self.seen |= keys
+        return keys
+
+
+def _user_turn(tokenizer, opener: str, new: list[int], ended: bool, stops: set[int], min_tokens: int) -> tuple:
+    """(text, None) of a sampled user turn, or (None, why it is dropped)."""
+    body = new[:-1] if ended else new
+    special = set(getattr(tokenizer, "all_special_ids", ())) - stops
+    if not ended:
+        return None, "too_long"
+    if any(t in special for t in body):
+        return None, "special_tokens"
+    text = (opener + tokenizer.decode(body, skip_special_tokens=True)).strip()
+    if len(body) < min_tokens or len(_words(text)) < 3:
+        return None, "too_short"
+    return text, None
+
+
+def _conversation(p1, a1, p2, a2) -> tuple[list[int], list[tuple[int, int]]] | None:
+    """(ids, answer spans) of a two-turn conversation, or None when the second prompt (the template
+    over the first answer's text) does not repeat the first exchange's tokens."""
+    if p2[: len(p1) + len(a1)] != p1 + a1:
+        return None
+    return p2 + a2, [(len(p1), len(p1) + len(a1)), (len(p2), len(p2) + len(a2))]
+
+
+def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups: list[str], dedup: Dedup, *,
+                       template: str, system_prompt: str | None, generator: torch.Generator, stops: set[int],
+                       max_user_tokens: int, min_user_tokens: int, max_answer_tokens: int, temperature: float,
+                       top_p: float, pad_id: int):
+    """Conversations for ``rows`` of (category, first-turn opener): (conversations, their records, drop counts)."""
+    dropped: Counter = Counter()
+    sample = dict(temperature=temperature, top_p=top_p, generator=generator, pad_id=pad_id)
+    header = user_header_ids(tokenizer, template, [], [], system_prompt)
+    prompts = [header + tokenizer(o, add_special_tokens=False)["input_ids"] for _, o in rows]
+    firsts = []  # (category, user text, its dedup keys)
+    for (cat, opener), (new, ended) in zip(rows, sample_batch(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, opener, new, ended, stops, min_user_tokens)
+        why = why or dedup.reason(text)
+        if why:
+            dropped[f"turn1_{why}"] += 1
+            continue
+        firsts.append((cat, text, dedup.add(text)))
+    if not firsts:
+        return [], [], dropped
+    p1s = [encode_conversation(tokenizer, template, [u], [], system_prompt) for _, u, _ in firsts]
+    a1s = [new for new, _ in sample_batch(model, p1s, stops, max_answer_tokens, pad_id=pad_id)]
+    a1_texts = [tokenizer.decode(a, skip_special_tokens=True) for a in a1s]
+    openers = [follow_ups[int(i)] for i in torch.randint(len(follow_ups), (len(firsts),), generator=generator)]
+    prompts = [user_header_ids(tokenizer, template, [u], [a], system_prompt) + tokenizer(o, add_special_tokens=False)[
+        "input_ids"] for (_, u, _), a, o in zip(firsts, a1_texts, openers)]
+    seconds = {}  # index into firsts -> second user text
+    for i, (new, ended) in enumerate(sample_batch(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, openers[i], new, ended, stops, min_user_tokens)
+        why = why or dedup.reason(text, allowed=firsts[i][2])
+        if why:
+            dropped[f"turn2_{why}"] += 1
+            continue
+        dedup.add(text)
+        seconds[i] = text
+    idx = sorted(seconds)
+    p2s = [encode_conversation(tokenizer, template, [firsts[i][1], seconds[i]], [a1_texts[i]], system_prompt)
+           for i in idx]
+    a2s = dict(zip(idx, (new for new, _ in sample_batch(model, p2s, stops, max_answer_tokens, pad_id=pad_id)))) \
+        if idx else {}
+    convs, records = [], []
+    for i, (cat, u1, _) in enumerate(firsts):
+        two = _conversation(p1s[i], a1s[i], p2s[idx.index(i)], a2s[i]) if i in seconds else None
+        if i in seconds and two is None:
+            dropped["turn2_retokenized"] += 1
+        users = [u1, seconds[i]] if two else [u1]
+        convs.append(two or (p1s[i] + a1s[i], [(len(p1s[i]), len(p1s[i]) + len(a1s[i]))]))
+        records.append({"category": cat, "users": users})
+    return convs, records, dropped
+
+
+def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories: dict[str, list[str]],
+                           follow_ups: list[str], template: str, system_prompt: str | None, n_batches: int,
+                           batch_size: int, max_user_tokens: int, min_user_tokens: int, max_answer_tokens: int,
+                           temperature: float, top_p: float, seed: int, stop_tokens=(), ngram: int = 8,
+                           near_duplicate: float = 0.5, benchmarks_dir: str | Path | None = None) -> Path:
+    """Write ``n_batches`` token shards ``tokens_NNNNN.npz`` of two-turn conversations (module docstring);
+    shards already written are kept and only extend the dedup state (resumable)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dedup = Dedup(all_benchmark_questions(benchmarks_dir), ngram, near_duplicate)
+    stops = stop_ids(tokenizer, stop_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    names = sorted(categories)
+    for b in range(n_batches):
+        path = out / f"tokens_{b:05d}.npz"
+        if path.exists():
+            for record in read_token_shard(path)[1].get("conversations", []):
+                for u in record["users"]:
+                    dedup.add(u)
+            continue
+        gen = torch.Generator().manual_seed(seed * 100003 + b)
+        rows = []
+        for r in range(batch_size):  # categories in turn, an opener of each drawn from the seed
+            cat = names[(b * batch_size + r) % len(names)]
+            rows.append((cat, categories[cat][int(torch.randint(len(categories[cat]), (1,), generator=gen))]))
+        t0 = time.perf_counter()
+        convs, records, dropped = conversation_batch(
+            model, tokenizer, rows, list(follow_ups), dedup, template=template, system_prompt=system_prompt,
+            generator=gen, stops=stops, max_user_tokens=max_user_tokens, min_user_tokens=min_user_tokens,
+            max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p, pad_id=pad_id)
+        seconds = time.perf_counter() - t0
+        meta = {"batch": b, "seed": seed, "requested": batch_size, "conversations": records,
+                "dropped": dict(dropped), "seconds": round(seconds, 2), "ngram": ngram,
+                "tokens": sum(len(ids) for ids, _ in convs),
+                "answer_tokens": sum(e - s for _, spans in convs for s, e in spans)}
+        write_token_shard(path, convs, meta)
+        print(f"[conversations] batch {b}: {len(convs)} conversations "
+              f"({sum(len(r['users']) == 2 for r in records)} two-turn), {meta['tokens']} tokens "
+              f"({meta['answer_tokens']} answer), dropped {dict(dropped)}, {seconds:.1f} s", flush=True)
+    return out
+
+
+def conversation_stats(folder: str | Path) -> dict:
+    """Totals over a folder's token shards: conversations, two-turn ones, tokens, answer tokens, seconds,
+    drops by reason and conversations by category."""
+    from eagle2.training.token_shards import token_shard_paths
+
+    totals: Counter = Counter()
+    dropped: Counter = Counter()
+    cats: Counter = Counter()
+    for path in token_shard_paths(folder):
+        meta = read_token_shard(path)[1]
+        recs = meta.get("conversations", [])
+        totals.update(batches=1, requested=meta.get("requested", 0), conversations=len(recs),
+                      two_turn=sum(len(r["users"]) == 2 for r in recs), tokens=meta.get("tokens", 0),
+                      answer_tokens=meta.get("answer_tokens", 0))
+        totals["seconds"] += meta.get("seconds", 0.0)
+        dropped.update(meta.get("dropped", {}))
+        cats.update(r["category"] for r in recs)
+    return {**totals, "dropped": dict(dropped), "categories": dict(cats)}
