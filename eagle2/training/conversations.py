@@ -26,7 +26,6 @@ Knows nothing of features or training.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import torch
 from eagle2.bench.chat import _messages, encode_conversation, render, stop_ids
 from eagle2.bench.data import all_benchmark_questions
 from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.engine import device_clock
 from eagle2.training.token_shards import read_token_shard, write_token_shard
 
 _SENTINEL = "\x00NEXT_USER_TURN\x00"
@@ -221,12 +221,12 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
         for r in range(batch_size):  # categories in turn, an opener of each drawn from the seed
             cat = names[(b * batch_size + r) % len(names)]
             rows.append((cat, categories[cat][int(torch.randint(len(categories[cat]), (1,), generator=gen))]))
-        t0 = time.perf_counter()
+        t0 = device_clock(model.device)
         convs, records, dropped = conversation_batch(
             model, tokenizer, rows, list(follow_ups), dedup, template=template, system_prompt=system_prompt,
             generator=gen, stops=stops, max_user_tokens=max_user_tokens, min_user_tokens=min_user_tokens,
             max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p, pad_id=pad_id)
-        seconds = time.perf_counter() - t0
+        seconds = device_clock(model.device) - t0
         meta = {"batch": b, "seed": seed, "requested": batch_size, "conversations": records,
                 "dropped": dict(dropped), "seconds": round(seconds, 2), "ngram": ngram,
                 "tokens": sum(len(ids) for ids, _ in convs),
