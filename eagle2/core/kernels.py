@@ -5,8 +5,9 @@ stored pays a layout conversion on every call; the same weight reordered once fo
 (``torch.ops.mkldnn._reorder_linear_weight``) and applied with ``_linear_pointwise`` costs ~2.4x less
 at 1-17 rows (measured in README, "Speed"), with the same results. ``accelerate(model, "auto")`` swaps
 every bf16 CPU linear of ``model`` for a ``PackedLinear`` there and leaves every other model as it is
-(fp32 goes through MKL, GPUs through cuBLAS: nothing to gain). ``compile=True`` also wraps the model's
-forward in ``torch.compile`` (minutes of compile on 2 cores; measured by ``make bench-engine``).
+(fp32 goes through MKL, GPUs through cuBLAS: nothing to gain). ``compile=True`` instead wraps the model's
+forward in ``torch.compile`` (inductor with weight freezing, which packs the weights itself; minutes of
+compile on a CPU, measured in README, "Speed").
 """
 
 from __future__ import annotations
@@ -78,9 +79,13 @@ def kernels_in_use(model: nn.Module) -> str:
 def accelerate(model: nn.Module, kernels: str = "auto", compile: bool = False) -> nn.Module:
     """``model`` with the fast kernels of this CPU (in place): packed bf16 linears where they pay, and
     optionally a compiled forward. Inference only: a packed linear has no backward."""
-    if wants_packing(model, kernels):
-        log.info("packed %d bf16 linears for oneDNN", pack_linears(model))
-    if compile:
+    if compile:  # inductor packs the weights itself (freezing); it cannot lower a PackedLinear
+        if next(model.parameters()).device.type == "cpu":
+            import torch._inductor.config as inductor_config
+
+            inductor_config.freezing = True
         base = getattr(model, "base_model", model)  # what forward_target calls
         base.forward = torch.compile(base.forward, dynamic=True)
+    elif wants_packing(model, kernels):
+        log.info("packed %d bf16 linears for oneDNN", pack_linears(model))
     return model
