@@ -35,6 +35,7 @@ from eagle2.bench.chat import _messages, encode_conversation, render, stop_ids
 from eagle2.bench.data import all_benchmark_questions
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.engine import device_clock
+from eagle2.training.corpus import left_padded
 from eagle2.training.token_shards import read_token_shard, write_token_shard
 
 _SENTINEL = "\x00NEXT_USER_TURN\x00"
@@ -66,13 +67,8 @@ def sample_batch(model, prompts: list[list[int]], stops: set[int], max_new_token
                  top_p: float = 1.0, generator: torch.Generator | None = None, pad_id: int = 0):
     """Decode a left-padded batch; per row (new token ids, ended with a stop token?). Greedy at
     ``temperature`` 0, else nucleus sampling from ``generator``."""
-    batch, width = len(prompts), max(len(p) for p in prompts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    batch = len(prompts)
+    input_ids, mask, positions = left_padded(prompts, pad_id)
     cache = new_cache(model)
     last = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)[:, -1]
     out, ended = [[] for _ in range(batch)], [False] * batch

@@ -81,19 +81,25 @@ def teacher_forced_batch(model, sequences: list[list[int]], starts: list[int], p
     return [(ids, feats[row, : len(ids)], start) for row, (ids, start) in enumerate(zip(sequences, starts))]
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention mask, position ids), each (B, longest): the prompts right-aligned after
+    ``pad_id`` padding, positions counted from each row's first real token."""
+    batch, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        mask[row, width - len(ids):] = 1
+    return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
 def answer_batch(model, prompt_ids: list[list[int]], eos_ids: set[int], max_new_tokens: int,
                  temperature: float, generator: torch.Generator, pad_id: int, tap: LayerTap | None = None):
     """Decode a left-padded batch; return per-row (token ids, features, response_start). Features are
     the post-norm hidden states, followed (with ``tap``) by the tapped layers' inputs."""
-    batch = len(prompt_ids)
-    width = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
+    input_ids, mask, positions = left_padded(prompt_ids, pad_id)
     cache = new_cache(model)
     hidden = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)
     step_feats = _features(hidden, tap)
