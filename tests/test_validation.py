@@ -44,6 +44,7 @@ BAD_VALUES = [
     ("seed=abc", "seed='abc' is invalid: must be an integer"),
     ("seed=1.5", "seed=1.5 is invalid: must be an integer"),
     ("warmup_tokens=-1", "warmup_tokens=-1 is invalid: must be null (no warm-up) or an integer >= 0"),
+    ("model.kernels=fastest", "model.kernels='fastest' is invalid: must be auto or packed or stock"),
 ]
 
 
@@ -60,7 +61,8 @@ def test_bad_value_is_one_clear_error_before_any_model_loads(override, message, 
 
 @pytest.mark.parametrize("override", ["max_new_tokens=1", "threads=1", "threads=null", "dataset.limit=0",
                                       "temperature=0", "temperature=1.3", "top_p=1", "top_p=0.01", "top_k=0",
-                                      "top_k=50", "seed=-3", "warmup_tokens=0", "warmup_tokens=null"])
+                                      "top_k=50", "seed=-3", "warmup_tokens=0", "warmup_tokens=null",
+                                      "model.kernels=stock", "model.kernels=packed"])
 def test_edge_values_that_are_valid_pass(override):
     validate_run_config(config(override))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from eagle2.bench.data import QuestionFileError, benchmark_file, check_question_file
+from eagle2.core.kernels import KERNELS
 
 __all__ = ["ConfigError", "QuestionFileError", "validate_run_config"]
 
@@ -52,6 +53,10 @@ def validate_run_config(cfg: DictConfig) -> None:
     top_k = cfg.get("top_k")
     if not _is_int(top_k) or top_k < 0:
         raise _bad("top_k", top_k, "an integer >= 0 (0 = off)")
+
+    kernels = cfg.model.get("kernels", "auto")
+    if kernels not in KERNELS:
+        raise _bad("model.kernels", kernels, " or ".join(KERNELS))
 
     ds = cfg.dataset
     _int("dataset.limit", ds.get("limit"), 0, nullable=True, null_means="all questions")
