@@ -12,7 +12,8 @@ VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence a
 TEMPLATES = ("tokenizer", "vicuna", "llama2", "llama3")
 
 
-def _messages(users: list[str], answers: list[str], system: str | None) -> list[dict]:
+def chat_messages(users: list[str], answers: list[str], system: str | None) -> list[dict]:
+    """The conversation as chat messages (system, then user and assistant turns in order)."""
     msgs = [{"role": "system", "content": system}] if system else []
     for i, user in enumerate(users):
         msgs.append({"role": "user", "content": user})
@@ -41,7 +42,7 @@ def render(template: str, users: list[str], answers: list[str], system: str | No
         return text + " "  # the authors' LLaMA-2-Chat scripts end the prompt with "[/INST] "
     if template == "llama3":
         text = "<|begin_of_text|>"
-        for m in _messages(users, answers, system):
+        for m in chat_messages(users, answers, system):
             text += f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>"
         return text + "<|start_header_id|>assistant<|end_header_id|>\n\n"
     raise ValueError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
@@ -54,7 +55,7 @@ def encode_conversation(tokenizer, template: str, users: list[str], answers: lis
         raise ValueError("need one more user turn than answers")
     answers = answers[: len(users) - 1]
     if template == "tokenizer":
-        ids = tokenizer.apply_chat_template(_messages(users, answers, system), add_generation_prompt=True,
+        ids = tokenizer.apply_chat_template(chat_messages(users, answers, system), add_generation_prompt=True,
                                             tokenize=True, return_dict=False)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
     text = render(template, users, answers, system)

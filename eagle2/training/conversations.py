@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from eagle2.bench.chat import _messages, encode_conversation, render, stop_ids
+from eagle2.bench.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.bench.data import all_benchmark_questions
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.engine import device_clock
@@ -44,7 +44,7 @@ _SENTINEL = "\x00NEXT_USER_TURN\x00"
 def user_header_ids(tokenizer, template: str, users: list[str], answers: list[str], system: str | None) -> list[int]:
     """Token ids of the conversation so far up to where the next user message's text starts."""
     if template == "tokenizer":
-        text = tokenizer.apply_chat_template(_messages(users + [_SENTINEL], answers, system), tokenize=False,
+        text = tokenizer.apply_chat_template(chat_messages(users + [_SENTINEL], answers, system), tokenize=False,
                                              add_generation_prompt=False)
     else:
         text = render(template, users + [_SENTINEL], answers, system)
