@@ -38,7 +38,7 @@ test-slow: install  ## only the slow tests (many-sample certification, real trai
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
 
-bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~6 min)
+bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~8 min)
 	$(PY) -m experiments.bench_engine
 
 bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
