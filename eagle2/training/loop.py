@@ -55,6 +55,14 @@ def autocast_dtype(setting: str | None, device: torch.device) -> torch.dtype | N
     return None
 
 
+def curve_flat(values: list[float], evals: int, min_gain: float) -> bool:
+    """Whether a held-out curve has flattened: each of its last ``evals`` values gained less than
+    ``min_gain`` over the best value before it (so at least ``evals + 1`` values are needed)."""
+    if evals < 1 or len(values) <= evals:
+        return False
+    return all(values[i] - max(values[:i]) < min_gain for i in range(len(values) - evals, len(values)))
+
+
 def save_checkpoint(path: Path, payload: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
@@ -110,6 +118,10 @@ class Trainer:
         self.fingerprint = {"total_steps": self.total, "sequences": len(train_seqs),
                             "token_budget": cfg.token_budget, "seed": cfg.seed, "lr": cfg.lr, **fingerprint_extra}
         self.step = self.epoch = self.batch_idx = 0
+        self.tokens_trained = 0  # real (unpadded) tokens of every step so far, across resumes
+        self.corpus_tokens = sum(len(s.tokens) for s in train_seqs)  # one pass over the corpus
+        self.curve: list[float] = []  # held-out top-1 at each validation, for the flat-curve stop
+        self.validated_at = -1
         self.saved_at = 0
         self.log: MetricsLog | None = None
 
@@ -128,6 +140,7 @@ class Trainer:
         self.gen.set_state(state["noise_rng"].cpu())
         torch.set_rng_state(state["torch_rng"].cpu())
         self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
+        self.tokens_trained, self.curve = int(state.get("tokens_trained", 0)), list(state.get("curve", []))
         self.saved_at = self.step
         tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
 
@@ -135,7 +148,8 @@ class Trainer:
         save_checkpoint(self.ckpt, {
             "model": trainable_state(self.module), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
-            "noise_rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "fingerprint": self.fingerprint})
+            "noise_rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "fingerprint": self.fingerprint,
+            "tokens_trained": self.tokens_trained, "curve": self.curve})
         self.saved_at = self.step
 
     # ---------------------------------------------------------------------------------- steps
@@ -143,8 +157,13 @@ class Trainer:
         stats = evaluate_loss(self.module, self.loss_fn, self.val_seqs, token_budget=self.cfg.token_budget,
                               max_batch=self.cfg.max_batch, max_sequences=self.cfg.val_max_sequences,
                               device=self.device)
+        self.last_val = stats
         if stats:
-            self.log.write({"step": self.step, "epoch": self.epoch, "split": "val", **stats})
+            passes = self.tokens_trained / max(self.corpus_tokens, 1)
+            progress = {"tokens_trained": self.tokens_trained, "passes": passes}
+            self.log.write({"step": self.step, "epoch": self.epoch, "split": "val", **progress, **stats})
+            if "top1" in stats:
+                self.curve.append(float(stats["top1"]))
             tqdm.write(f"[{self.desc}] step {self.step} val " + " ".join(f"{k}={v:.4g}" for k, v in stats.items()))
         return stats
 
@@ -169,7 +188,7 @@ class Trainer:
         bar = tqdm(total=self.total, initial=self.step, desc=self.desc, dynamic_ncols=True)
         self.module.train()
         tokens_seen, t0 = 0, time.time()
-        stopped = False
+        stopped = flat = False
         last_stats: dict = {}
         while self.step < self.total and not stopped:
             batches = self.plan[self.epoch]
@@ -177,6 +196,7 @@ class Trainer:
                 log_step = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == self.total
                 stats, grad_norm, tokens = self.train_step(batches[self.batch_idx], with_stats=log_step)
                 tokens_seen += tokens
+                self.tokens_trained += tokens
                 rate = tokens_seen / max(time.time() - t0, 1e-9)
                 bar.update(1)
                 bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{rate:.0f}")
@@ -188,22 +208,37 @@ class Trainer:
                     on_step(self.step, stats)
                 if self.step % cfg.checkpoint_every == 0:
                     self.save()
-                if cfg.val_every and self.step % cfg.val_every == 0:
-                    self.validate()
+                if cfg.val_every and self.step % cfg.val_every == 0 and self.validate_flat():
+                    flat = stopped = True
+                    break
                 if stop_after is not None and self.step >= stop_after:
                     stopped = True
                     break
             if self.batch_idx >= len(batches):  # epoch end
                 self.epoch, self.batch_idx = self.epoch + 1, 0
                 self.save()
-                if self.step < self.total:
-                    self.validate()
+                if self.step < self.total and self.validate_flat():
+                    flat = stopped = True
         if self.saved_at != self.step:
             self.save()
         bar.close()
-        final = {} if stopped else self.validate()
+        final = self.last_val if self.validated_at == self.step else {} if stopped else self.validate()
         self.log.close()
-        return {"step": self.step, "total_steps": self.total, "stopped": stopped, "train": last_stats, "val": final}
+        return {"step": self.step, "total_steps": self.total, "stopped": stopped, "flat": flat,
+                "tokens_trained": self.tokens_trained, "passes": self.tokens_trained / max(self.corpus_tokens, 1),
+                "curve": list(self.curve), "train": last_stats, "val": final}
+
+    def validate_flat(self) -> bool:
+        """Validate (once per step: an epoch end on a ``val_every`` step validates once), then whether the
+        held-out curve has flattened: ``cfg.stop_when_flat`` validations in a row (0 = never) each gaining
+        < ``cfg.flat_gain`` top-1 (``curve_flat``), which ends training."""
+        if self.validated_at != self.step:
+            self.validate()
+            self.validated_at = self.step
+            if self.saved_at == self.step:  # this step's checkpoint holds its point of the curve
+                self.save()
+        evals = int(self.cfg.get("stop_when_flat") or 0)
+        return curve_flat(self.curve, evals, float(self.cfg.get("flat_gain", 0.005)))
 
 
 def fit(module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence], val_seqs: list[Sequence],
