@@ -72,14 +72,18 @@ class InPlaceLayer(DynamicLayer):
         v[:, :, : self.length] = self._v[:, :, : self.length]
         self._k, self._v = k, v
 
+    def place(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write entries at positions ``start..`` and end the live part after them."""
+        end = start + keys.shape[-2]
+        self.reserve(end)
+        self._k[:, :, start:end] = keys
+        self._v[:, :, start:end] = values
+        self.length = end
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        self.reserve(end)
-        self._k[:, :, start:end] = key_states
-        self._v[:, :, start:end] = value_states
-        self.length = end
+        self.place(self.length, key_states, value_states)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -160,9 +164,7 @@ def keep_tree_path(cache, prefix_len: int, nodes: list[int]) -> None:
     picked = [(layer.keys.index_select(2, idx), layer.values.index_select(2, idx)) for layer in cache.layers]
     for layer, (k, v) in zip(cache.layers, picked):  # write only once every selection succeeded
         if isinstance(layer, InPlaceLayer):
-            layer._k[:, :, prefix_len:end] = k
-            layer._v[:, :, prefix_len:end] = v
-            layer.length = end
+            layer.place(prefix_len, k, v)
         else:
             layer.keys = torch.cat([layer.keys[:, :, :prefix_len], k], dim=2)
             layer.values = torch.cat([layer.values[:, :, :prefix_len], v], dim=2)
