@@ -102,11 +102,11 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
 
 
 def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int) -> str:
-    vocab = drafting.get("vocab")
+    vocab, kernels = drafting.get("vocab"), kernels_in_use(target)
     facts = {"target": target.config.to_dict(), "head": head.config.to_dict(), "depth": depth, "top_k": top_k,
              "draft_vocab": None if vocab is None else len(vocab), "lm_head_dtype": str(drafting.get("lm_head_dtype")),
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
-             **({} if kernels_in_use(target) == "stock" else {"kernels": kernels_in_use(target)}),
+             **({} if kernels == "stock" else {"kernels": kernels}),
              "context": context, "max_q": max_q, "torch": torch.__version__}
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
         facts["target"].pop(noisy, None)
