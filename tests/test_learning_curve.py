@@ -4,6 +4,9 @@ and survives a resume, and ``analysis.learning_curve`` draws the rows."""
 
 from __future__ import annotations
 
+import torch
+from omegaconf import OmegaConf
+
 from analysis.learning_curve import plot_curves, validation_rows
 from eagle2.training.loop import curve_flat
 from eagle2.training.train import train_head
@@ -35,3 +38,28 @@ def test_tokens_and_curve_survive_a_resume(target, corpus, tmp_path):  # noqa: F
     train_head(target, corpus, cfg, tmp_path / "cut", stop_after=4)
     _, resumed = train_head(target, corpus, cfg, tmp_path / "cut")
     assert resumed["tokens_trained"] == ref["tokens_trained"] and resumed["curve"] == ref["curve"]
+
+
+def test_validation_on_another_set_with_chain_tau(target, corpus, tmp_path):  # noqa: F811
+    """``val_set: mtbench``'s mechanism: given sequences replace the held-out shards as the validation set
+    (the curve is theirs) and ``chain_tau_measure`` adds the greedy-chain tau of the head being trained,
+    equal to the eval stage's on the trained head."""
+    from functools import partial
+
+    from eagle2.training.data import all_sequences
+    from eagle2.training.evaluate import chain_acceptance, chain_tau_measure, head_chain
+    from eagle2.training.losses import LossProjection
+
+    others = all_sequences(corpus)[:3]  # a set the corpus split would not pick as held out
+    ev = OmegaConf.create({"depth": 3, "stride": 2, "max_anchors_per_sequence": 8})
+    cfg = head_cfg(epochs=1, val_every=2)
+    head, summary = train_head(target, corpus, cfg, tmp_path / "run", val_seqs=others,
+                               val_extra=chain_tau_measure("head", target, others, ev))
+    rows = validation_rows(tmp_path / "run")
+    assert rows and all("chain_tau" in r and 1.0 <= r["chain_tau"] <= 1 + ev.depth for r in rows)
+    _, plain = train_head(target, corpus, cfg, tmp_path / "plain")  # the same run on the held-out shards
+    assert summary["curve"] != plain["curve"]  # the curve is read off the given set
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    with torch.no_grad():
+        again = chain_acceptance(partial(head_chain, head, proj), others, depth=3, stride=2, max_anchors_per_sequence=8)
+    assert abs(rows[-1]["chain_tau"] - again["tau"]) < 1e-6

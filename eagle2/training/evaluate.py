@@ -126,6 +126,21 @@ def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: 
     return chain_summary(torch.cat(lengths), depth)
 
 
+def chain_tau_measure(kind: str, target, seqs: list[Sequence], cfg):
+    """A trainer ``val_extra`` (``loop.fit``): the greedy-chain tau on ``seqs`` (settings ``cfg``: the eval
+    stage's depth, stride, anchors) of the ``kind`` (``head`` | ``eagle3``) head being trained."""
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+
+    @torch.no_grad()
+    def measure(module) -> dict:
+        chain_fn = partial(eagle3_chain, module) if kind == "eagle3" else partial(head_chain, module, proj)
+        chain = chain_acceptance(chain_fn, seqs, depth=cfg.depth, stride=cfg.stride,
+                                 max_anchors_per_sequence=cfg.max_anchors_per_sequence)
+        return {"chain_tau": chain["tau"]}
+
+    return measure
+
+
 def _tf_settings(cfg) -> dict:
     return {"token_budget": cfg.token_budget, "max_batch": cfg.max_batch, "max_sequences": cfg.max_sequences}
 

@@ -92,9 +92,11 @@ class Trainer:
     epoch, batch), which is what the checkpoint stores."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence],
-                 val_seqs: list[Sequence], cfg, out_dir: str | Path, *, desc: str, fingerprint_extra: dict):
+                 val_seqs: list[Sequence], cfg, out_dir: str | Path, *, desc: str, fingerprint_extra: dict,
+                 val_extra: Callable[[torch.nn.Module], dict] | None = None):
         self.module, self.loss_fn, self.cfg, self.desc = module, loss_fn, cfg, desc
         self.train_seqs, self.val_seqs = train_seqs, val_seqs
+        self.val_extra = val_extra  # more held-out measures of the module at each validation (chain tau)
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt = self.out / "checkpoint.pt"
@@ -157,6 +159,10 @@ class Trainer:
         stats = evaluate_loss(self.module, self.loss_fn, self.val_seqs, token_budget=self.cfg.token_budget,
                               max_batch=self.cfg.max_batch, max_sequences=self.cfg.val_max_sequences,
                               device=self.device)
+        if stats and self.val_extra is not None:
+            was_training = self.module.training
+            stats |= self.val_extra(self.module.eval())
+            self.module.train(was_training)
         self.last_val = stats
         if stats:
             passes = self.tokens_trained / max(self.corpus_tokens, 1)
@@ -244,10 +250,11 @@ class Trainer:
 def fit(module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence], val_seqs: list[Sequence],
         cfg, out_dir: str | Path, *, stop_after: int | None = None,
         on_step: Callable[[int, dict], None] | None = None, desc: str = "train",
-        fingerprint_extra: dict | None = None) -> dict:
+        fingerprint_extra: dict | None = None, val_extra: Callable[[torch.nn.Module], dict] | None = None) -> dict:
     """Train ``module`` in place, resuming from ``out_dir/checkpoint.pt``; returns a summary.
-    ``fingerprint_extra``: settings beyond the common ones that a checkpoint must have been written with."""
+    ``fingerprint_extra``: settings beyond the common ones that a checkpoint must have been written with;
+    ``val_extra(module)``: measures added to each validation row (e.g. the greedy-chain tau)."""
     trainer = Trainer(module, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc=desc,
-                      fingerprint_extra=fingerprint_extra or {})
+                      fingerprint_extra=fingerprint_extra or {}, val_extra=val_extra)
     trainer.resume()
     return trainer.run(stop_after=stop_after, on_step=on_step)

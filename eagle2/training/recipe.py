@@ -93,12 +93,42 @@ def _check_size(folder: Path, max_mb: float) -> None:
         raise RuntimeError(f"{folder}/model.safetensors is {size:.1f} MB, over the {max_mb} MB limit")
 
 
-def head_stage(target, cfg, root: Path) -> Path | None:
+def mtbench_heldout(target, tokenizer, cfg, root: Path) -> Path:
+    """The headline held-out set (``train.eval.mtbench``): the target's greedy answers to MT-bench first
+    turns, built once (resumable) and reused by the eval stage and by ``val_set: mtbench`` training."""
+    from eagle2.training.corpus import corpus_tap_layers
+    from eagle2.training.evaluate import build_mtbench_heldout
+
+    mt, corpus = cfg.train.eval.mtbench, cfg.train.corpus
+    return build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=corpus.template,
+                                 system_prompt=corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
+                                 batch_size=mt.batch_size, limit=mt.limit, stop_tokens=corpus.stop_tokens,
+                                 tap_layers=corpus_tap_layers(target, corpus.get("tap_layers")))
+
+
+def validation(target, tokenizer, cfg, root: Path, kind: str) -> dict:
+    """The trainer's validation for ``train.<kind>.val_set``: ``corpus`` (its held-out shards: top-1/top-4
+    per step) or ``mtbench`` (the eval stage's MT-bench first turns, with the greedy-chain tau too, so the
+    learning curve and the flat-curve stop read the headline held-out set)."""
+    val_set = cfg.train[kind].get("val_set", "corpus")
+    if val_set == "corpus":
+        return {}
+    if val_set != "mtbench":
+        raise ValueError(f"train.{kind}.val_set must be corpus or mtbench, not {val_set!r}")
+    from eagle2.training.data import all_sequences
+    from eagle2.training.evaluate import chain_tau_measure
+
+    seqs = all_sequences(mtbench_heldout(target, tokenizer, cfg, root))
+    return {"val_seqs": seqs, "val_extra": chain_tau_measure(kind, target, seqs, cfg.train.eval)}
+
+
+def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     """Train the EAGLE head and export it (published format, no embedding) to ``train.export.head``."""
     from eagle2.heads.eagle_head import save_head
 
     head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
-                               root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after)
+                               root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after,
+                               **validation(target, tokenizer, cfg, root, "head"))
     if summary["stopped"]:
         return None
     from eagle2.training.corpus import tokens_by_frequency
@@ -112,13 +142,13 @@ def head_stage(target, cfg, root: Path) -> Path | None:
     return folder
 
 
-def eagle3_stage(target, cfg, root: Path) -> Path | None:
+def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     """Train the EAGLE-3 head (``train.eagle3``) and export it (official layout) to ``train.export.eagle3_head``."""
     from eagle2.heads.eagle3_head import save_eagle3_head
 
     ecfg = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
-                                      stop_after=ecfg.stop_after)
+                                      stop_after=ecfg.stop_after, **validation(target, tokenizer, cfg, root, "eagle3"))
     if summary["stopped"]:
         return None
     max_mb = cfg.train.export.eagle3_head_max_mb
@@ -152,10 +182,8 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     from eagle2.heads.draft_model import load_draft_model
     from eagle2.heads.eagle3_head import load_eagle3_head
     from eagle2.heads.eagle_head import load_head
-    from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import all_sequences, load_sequences, split_shards
     from eagle2.training.evaluate import (
-        build_mtbench_heldout,
         evaluate_draft,
         evaluate_eagle3_head,
         evaluate_head,
@@ -167,12 +195,8 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     if any(k not in EVAL_KINDS for k in kinds):
         raise ValueError(f"train.eval.kinds must list some of {', '.join(EVAL_KINDS)}, not {list(kinds)}")
     _, val_paths = split_shards(root / cfg.train.corpus.out_dir, cfg.train.head.val_fraction)
-    mt = ev.mtbench
-    mt_dir = build_mtbench_heldout(target, tokenizer, root / mt.out_dir, template=cfg.train.corpus.template,
-                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=mt.max_new_tokens,
-                                   batch_size=mt.batch_size, limit=mt.limit, stop_tokens=cfg.train.corpus.stop_tokens,
-                                   tap_layers=corpus_tap_layers(target, cfg.train.corpus.get("tap_layers")))
-    sets = {"mt_bench": all_sequences(mt_dir), "alpaca_heldout": load_sequences(val_paths)}
+    sets = {"mt_bench": all_sequences(mtbench_heldout(target, tokenizer, cfg, root)),
+            "alpaca_heldout": load_sequences(val_paths)}
     settings = OmegaConf.to_container(ev)
     results = {}
     for kind in kinds:
@@ -205,9 +229,9 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     if "corpus" in stages:
         print(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}", flush=True)
     if "head" in stages:
-        print(f"[train_head] head exported to {head_stage(target, cfg, root)}", flush=True)
+        print(f"[train_head] head exported to {head_stage(target, tokenizer, cfg, root)}", flush=True)
     if "eagle3" in stages:
-        print(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, cfg, root)}", flush=True)
+        print(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, tokenizer, cfg, root)}", flush=True)
     if "draft" in stages:
         print(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}", flush=True)
     if "medusa" in stages:  # trains, exports and evaluates (eagle2/training/medusa.py)

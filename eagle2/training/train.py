@@ -31,15 +31,21 @@ def _dtype(name: str) -> torch.dtype:
     return resolve_dtype(name)
 
 
-def _sequences(corpus_dir, cfg) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
-    return train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
+def _sequences(corpus_dir, cfg, val_seqs: list[Sequence] | None = None
+               ) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
+    """(train, held-out, shard names): ``val_seqs``, when given, replace the corpus's held-out shards as
+    the validation set (those shards still stay out of training while ``cfg.val_fraction`` > 0)."""
+    train, val, shards = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
+    return train, (val if val_seqs is None else val_seqs), shards
 
 
-def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs) -> tuple[EagleHead, dict]:
-    """Train an EAGLE head on ``corpus_dir``; checkpoints and metrics go to ``out_dir``."""
+def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, val_seqs: list[Sequence] | None = None,
+               **kwargs) -> tuple[EagleHead, dict]:
+    """Train an EAGLE head on ``corpus_dir``; checkpoints and metrics go to ``out_dir``. ``val_seqs``: the
+    validation set instead of the corpus's held-out shards; ``kwargs`` go to ``loop.fit``."""
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
     head, loss_fn, extra = head_setup(target, cfg)
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
@@ -78,13 +84,15 @@ def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> 
     return seen
 
 
-def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
+def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, val_seqs: list[Sequence] | None = None,
+                      **kwargs):
     """Train an EAGLE-3 head (``eagle2.heads.eagle3_head``) on a corpus with the tapped layers recorded:
     draft vocabulary by answer-token frequency (``cfg.draft_vocab_size``), ``cfg.unroll`` steps of
-    training-time test. A ``cfg.init_from`` head (official layout) is continued, vocabulary included."""
+    training-time test. A ``cfg.init_from`` head (official layout) is continued, vocabulary included.
+    ``val_seqs`` and ``kwargs`` as for ``train_head``."""
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
     head, loss_fn, extra = eagle3_setup(target, corpus_dir, cfg)
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
