@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SELF_CORPUS = "artifacts/work/smollm2/corpus"
 DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
+CONVERSATIONS = "artifacts/work/smollm2/conversations_corpus"  # train_head.py stage=features writes it
 
 ALPACA = ["train.corpus.prompts=[data/train/alpaca_5000.json]", "train.corpus.tap_layers=null"]  # the first corpus
 OLD = [*ALPACA, "train.corpus.out_dir=artifacts/work/smollm2/corpus_alpaca"]  # where its variants now find it
@@ -54,6 +55,9 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
                          "train.head.lr=3e-4"]),
     "mix_eagle3": ("EAGLE-3 head, mixed corpus, unroll 3 (training-time test)", [], "eagle3"),
     "mix_eagle3_unroll1": ("EAGLE-3 head, mixed corpus, no training-time test", ["train.eagle3.unroll=1"], "eagle3"),
+    # the two-turn self-instruct conversations (artifacts/corpus/smollm2_conversations -> stage=features)
+    "conv_eagle3": ("EAGLE-3 head, two-turn self-instruct conversations, unroll 3",
+                    [f"train.corpus.out_dir={CONVERSATIONS}"], "eagle3"),
     "mix_eagle3_more": ("the shipped EAGLE-3 head continued on the grown mixed corpus (lr 5e-4)",
                         ["train.eagle3.init_from=artifacts/smollm2/eagle3_head", "train.eagle3.lr=5e-4"], "eagle3"),
 }
@@ -78,8 +82,9 @@ def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: 
 
 def run_variant(name: str, root: Path, steps: int, batches: int, threads: int, extra: list[str] = ()) -> None:
     over = variant_overrides(name, root, steps, batches, threads, extra)
-    # the eval stage always measures on the self-distilled corpus' held-out shards and on MT-bench
-    eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=")]
+    # the eval stage measures on MT-bench and on the held-out shards of the self-distilled corpus (the same
+    # for every variant), or of the conversations for a variant trained on them
+    eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=") or CONVERSATIONS in o]
     stages = (["corpus"] if any(o.startswith("train.corpus.responses=") for o in over) else []) + [variant_kind(name)]
     commands = [[sys.executable, "train_head.py", f"stage={s}", *over] for s in stages]
     commands.append([sys.executable, "train_head.py", "stage=eval", *eval_over])
