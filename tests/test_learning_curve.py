@@ -25,6 +25,7 @@ def test_flat_curve_stops_training_and_the_rows_draw(target, corpus, tmp_path): 
     cfg = head_cfg(epochs=8, val_every=2, stop_when_flat=2, flat_gain=1.0)  # any gain < 1: flat at the 3rd
     head, summary = train_head(target, corpus, cfg, tmp_path / "run")
     assert summary["flat"] and summary["stopped"] and summary["step"] == 6 < summary["total_steps"]
+    assert not summary["partial"]  # a flat stop is a finished run: the recipe exports it
     rows = validation_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [2, 4, 6] and len(summary["curve"]) == 3
     tokens = [r["tokens_trained"] for r in rows]
@@ -63,3 +64,15 @@ def test_validation_on_another_set_with_chain_tau(target, corpus, tmp_path):  # 
     with torch.no_grad():
         again = chain_acceptance(partial(head_chain, head, proj), others, depth=3, stride=2, max_anchors_per_sequence=8)
     assert abs(rows[-1]["chain_tau"] - again["tau"]) < 1e-6
+
+
+def test_a_validation_schedule_is_the_curve(target, corpus, tmp_path):  # noqa: F811
+    """With ``val_every`` set, epoch ends add no validation of their own (one a step after a scheduled one
+    was a near-duplicate point that the flat-curve stop counted); a ``stop_after`` run is partial."""
+    cfg = head_cfg(epochs=3, val_every=3)
+    _, summary = train_head(target, corpus, cfg, tmp_path / "run")
+    steps = [r["step"] for r in validation_rows(tmp_path / "run")]
+    assert summary["total_steps"] == 12  # 4 steps per epoch: epoch ends at 4 and 8 are off the schedule
+    assert steps == [3, 6, 9, 12]
+    _, cut = train_head(target, corpus, cfg, tmp_path / "cut", stop_after=2)
+    assert cut["partial"] and cut["stopped"] and not cut["flat"]

@@ -223,14 +223,18 @@ class Trainer:
             if self.batch_idx >= len(batches):  # epoch end
                 self.epoch, self.batch_idx = self.epoch + 1, 0
                 self.save()
-                if self.step < self.total and self.validate_flat():
+                # with a validation schedule the curve is that schedule's (an epoch end a step after a
+                # scheduled validation would add a near-duplicate point, counted by the flat-curve stop)
+                if self.step < self.total and not cfg.val_every and self.validate_flat():
                     flat = stopped = True
         if self.saved_at != self.step:
             self.save()
         bar.close()
         final = self.last_val if self.validated_at == self.step else {} if stopped else self.validate()
         self.log.close()
+        # partial: ended by ``stop_after`` (to be resumed), not finished; a flat-curve stop is a finished run
         return {"step": self.step, "total_steps": self.total, "stopped": stopped, "flat": flat,
+                "partial": stopped and not flat,
                 "tokens_trained": self.tokens_trained, "passes": self.tokens_trained / max(self.corpus_tokens, 1),
                 "curve": list(self.curve), "train": last_stats, "val": final}
 

@@ -226,7 +226,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
     t0 = time.time()
     heads, summary = train_medusa(target, corpus_dir, mc, root / mc.out_dir, stop_after=mc.stop_after)
-    if summary["stopped"]:
+    if summary["partial"]:
         return None
     summary["wall_time_s_this_process"] = time.time() - t0
     dtype = torch.float32 if sum(p.numel() for p in heads.parameters()) * 4 <= mc.export_max_mb * 1e6 else torch.float16

@@ -129,7 +129,7 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
                                root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after,
                                **validation(target, tokenizer, cfg, root, "head"))
-    if summary["stopped"]:
+    if summary["partial"]:
         return None
     from eagle2.training.corpus import tokens_by_frequency
 
@@ -149,7 +149,7 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     ecfg = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
                                       stop_after=ecfg.stop_after, **validation(target, tokenizer, cfg, root, "eagle3"))
-    if summary["stopped"]:
+    if summary["partial"]:
         return None
     max_mb = cfg.train.export.eagle3_head_max_mb
     dtype = export_dtype(head, max_mb)
@@ -165,7 +165,7 @@ def draft_stage(target, cfg, root: Path) -> Path | None:
 
     draft, summary = train_draft(target, root / cfg.train.corpus.out_dir, cfg.train.draft,
                                  root / cfg.train.draft.out_dir, stop_after=cfg.train.draft.stop_after)
-    if summary["stopped"]:
+    if summary["partial"]:
         return None
     dtype = export_dtype(draft, cfg.train.export.draft_max_mb)
     folder = save_draft_model(draft, root / cfg.train.export.draft, dtype=dtype)
