@@ -256,6 +256,14 @@ def _check_existing_taps(folder: Path, tap_layers: tuple[int, ...]) -> None:
 def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
     """Token ids that occur in the corpus answers, most frequent first (at most ``limit``): the
     reduced draft vocabulary shipped with a head."""
+    counts = answer_token_counts(folder)
+    order = torch.argsort(counts, descending=True, stable=True)
+    return order[: min(limit, int((counts > 0).sum()))]
+
+
+def answer_token_counts(folder: str | Path) -> torch.Tensor:
+    """How often each token id occurs in the corpus answers (``answer_mask`` honoured), indexed by id up
+    to the largest one seen."""
     counts = None
     for shard in read_shards(folder):
         tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]
@@ -268,8 +276,7 @@ def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
             counts = c if counts is None else _add_padded(counts, c)
     if counts is None:
         raise FileNotFoundError(f"no corpus shards in {folder}")
-    order = torch.argsort(counts, descending=True, stable=True)
-    return order[: min(limit, int((counts > 0).sum()))]
+    return counts
 
 
 def _add_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
