@@ -72,6 +72,7 @@ def _aggregate(g: pd.DataFrame) -> dict:
     per_q = g.decode_tokens / g.wall_time_s
     return {"turns": len(g), "new_tokens": int(g.new_tokens.sum()), "tokens_per_s": tokens / wall if wall else np.nan,
             "tokens_per_s_std": float(per_q.std()) if len(g) > 1 else np.nan,
+            "e2e_tokens_per_s": _end_to_end(g),
             "tau": tokens / forwards if forwards else np.nan,
             "draft_share": draft / total if total else np.nan, "verify_share": verify / total if total else np.nan,
             "other_share": other / total if total else np.nan,
@@ -81,6 +82,14 @@ def _aggregate(g: pd.DataFrame) -> dict:
             "mean_budget": _round_mean(g.rounds, "budget"),
             "expected_tau": _round_mean(g.rounds, "expected_tokens"),
             "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan}
+
+
+def _end_to_end(g: pd.DataFrame) -> float:
+    """New tokens over prefill + decode time (the authors' rate); NaN for rows from before prefill was timed."""
+    if "prefill_time_s" not in g or g.prefill_time_s.isna().any():
+        return np.nan
+    total = g.prefill_time_s.sum() + g.wall_time_s.sum()
+    return float(g.new_tokens.sum() / total) if total else np.nan
 
 
 def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:

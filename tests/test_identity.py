@@ -73,3 +73,59 @@ def test_bf16_divergences_are_numeric_and_a_broken_rule_is_algorithmic(tmp_path,
     monkeypatch.undo()
     audit_results(bad)
     assert identity_table(bad).algorithmic.sum() >= 1
+
+
+def test_half_reference_doubles_the_tolerance():
+    z = logits_with_margins([{}, {1: 0.9}])  # bf16 tolerance here: 0.625 logits, 1.25 with a bf16 reference
+    assert float(tolerance("bfloat16", z, half_reference=True)[0]) == pytest.approx(2 * float(tolerance("bf16", z)[0]))
+    assert classify(z, [0, 1], [0, 0], "bfloat16")["status"] == "algorithmic"
+    halved = classify(z, [0, 1], [0, 0], "bfloat16", half_reference=True)
+    assert halved["status"] == "numeric" and halved["half_reference"]
+
+
+def test_float16_tolerance_is_unmeasured_until_a_measured_factor_is_given(caplog, monkeypatch):
+    import logging
+
+    import eagle2.bench.identity as identity
+
+    monkeypatch.setattr(identity, "MEASURED", set(identity.MEASURED))
+    monkeypatch.setattr(identity, "TOLERANCE_FACTORS", dict(identity.TOLERANCE_FACTORS))
+    monkeypatch.setattr(identity, "_warned", set())
+    z = logits_with_margins([{}])
+    with caplog.at_level(logging.WARNING):
+        rec = classify(z, [0], [0], "float16")
+    assert rec["tolerance_measured"] is False and "UNMEASURED" in caplog.text and "--device cuda" in caplog.text
+    assert classify(z, [0], [0], "bfloat16")["tolerance_measured"] is True
+    identity.set_tolerance_factor("fp16", 6.0)
+    assert classify(z, [0], [0], "float16")["tolerance_measured"] is True
+    assert float(tolerance("float16", z)) == pytest.approx(6.0 * 2**-10 * 20.0)
+
+
+def test_cli_refuses_an_unmeasured_float16_audit(tmp_path, monkeypatch):
+    import pandas as pd
+
+    import eagle2.bench.identity as identity
+
+    monkeypatch.setattr(identity, "MEASURED", set(identity.MEASURED))
+    spec = pd.DataFrame({"dtype": ["float16"], "config_hash": ["h"]})
+    monkeypatch.setattr(identity, "audit_pairs", lambda results: iter([(tmp_path / "x.jsonl", spec, spec.iloc[:0])]))
+    assert identity.main([str(tmp_path)]) == 2  # refused, with the command that measures it
+    with pytest.raises(identity.UnmeasuredToleranceError, match="numeric_tolerance --device cuda"):
+        identity.audit_results(tmp_path, allow_unmeasured=False)
+
+
+def test_numeric_tolerance_measures_a_gpu_model_config_on_a_given_device(tmp_path, capsys):
+    """``--model vicuna7b --device ...``: the config's template and weights (here a tiny random stand-in)."""
+    from transformers import LlamaConfig
+
+    from experiments import numeric_tolerance
+    from tests.zoo_fixtures import write_target
+
+    folder = write_target(tmp_path / "t", LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,
+                                                      num_hidden_layers=2, num_attention_heads=4))
+    numeric_tolerance.main(["--model", "vicuna7b", "--device", "cpu", "--dtype", "bfloat16", "--prompts", "1",
+                            "--new-tokens", "6", "--override", f"model.path={folder}"])
+    out = capsys.readouterr().out
+    assert "vicuna7b on cpu, bfloat16 vs float32: 6 positions" in out
+    assert "--tolerance-factor bfloat16=" in out
+    assert numeric_tolerance.suggested_factor(torch.tensor([0.5, 3.44])) == 4.5

@@ -26,6 +26,15 @@ SPECIAL_TOKENS = {
     128256: {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|start_header_id|>": 128006,
              "<|end_header_id|>": 128007, "<|eot_id|>": 128009},
 }
+# a Llama-3.1-style chat template (header tokens, the system block opening with its date lines), for the
+# Llama-3 vocabulary's configs that use the checkpoint's own template (model.template=tokenizer)
+HEADER_TEMPLATE = (
+    "{{ bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+    "Today Date: 26 Jul 2024\n\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}"
+    "{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}<|eot_id|>"
+    "{% for m in rest %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}"
+    "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% endif %}")
 VICUNA_68M = {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_key_value_heads": 12,
               "num_hidden_layers": 2}  # double7/vicuna-68m's config.json
 
@@ -51,6 +60,8 @@ def write_tokenizer(folder: Path, vocab_size: int) -> Path:
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials[bos])])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
                                    unk_token="<unk>" if "<unk>" in specials else None)
+    if vocab_size == 128256:
+        fast.chat_template = HEADER_TEMPLATE
     fast.save_pretrained(folder)
     return folder
 

@@ -25,9 +25,20 @@ reference top-5 tokens and the top-1, over eps * max|z|. bfloat16 (776 positions
 percentile 1.58, maximum 3.44, and the 20 positions where bf16 disagreed with itself had fp32
 margins <= 0.22 logits against a tolerance there of ~0.8 (eps = 2**-7, max|z| ~ 25); factor 4.
 float32 (388 positions, fp64 reference): median 2.5, p99 7.1, maximum 9.6 (long fp32 dot products
-accumulate more error per eps than bf16 kernels, which accumulate in fp32); factor 16. float16 was
-not measurable on this CPU and takes bfloat16's factor: re-measure it on a GPU. A wrong token
-accepted by a broken rule is typically several logits below the maximum.
+accumulate more error per eps than bf16 kernels, which accumulate in fp32); factor 16. float16 is
+UNMEASURED (not measurable on this CPU; its eps is 8x smaller than bf16's, so bf16's factor says
+nothing about it): until ``python -m experiments.numeric_tolerance --device cuda --model vicuna7b
+--dtype float16`` is run on a GPU and its factor passed (``--tolerance-factor float16=X``), an fp16
+audit warns, its records say ``tolerance_measured: false``, and the command line refuses it unless
+``--allow-unmeasured``. A wrong token accepted by a broken rule is typically several logits below
+the maximum.
+
+**The reference at 13B-70B.** The fp32 reference loads as the model config says (``model.device_map``:
+weights streamed to the GPU, ``auto`` spreading them over the visible GPUs and then host memory): 28 GB
+at 7B, 52 GB at 13B, 282 GB at 70B. Where that does not fit, ``--reference-dtype run`` computes the
+reference in the run's own dtype (one more copy of the weights, 141 GB at 70B, or the run's own
+copy when loaded in the same process); each of the two half-precision computations strays from fp32
+by at most the dtype's factor, so the tolerance doubles (``HALF_REFERENCE_FACTOR``).
 
 Records go beside the rows, ``<method>-<hash>.identity.ndjson`` (one JSON line per audited turn;
 a rerun audits only new turns), and ``python -m analysis.report`` summarises them in
@@ -48,20 +59,55 @@ import torch
 from analysis.identity import identity_table, load_audit_records, read_records, records_path
 
 TOLERANCE_FACTORS = {"bfloat16": 4.0, "float16": 4.0, "float32": 16.0}
+MEASURED = {"bfloat16", "float32"}  # float16's entry is bfloat16's, borrowed until measured on a GPU
+HALF_REFERENCE_FACTOR = 2.0  # a reference in the run's own half dtype: two half computations' errors add
+MEASURE_COMMAND = "python -m experiments.numeric_tolerance --device cuda --model vicuna7b --dtype {dtype}"
+_warned: set[str] = set()
 
 
-def tolerance(dtype_name: str, reference_logits: torch.Tensor) -> torch.Tensor:
-    """Per-position tolerance (L,) for logits (L, V) of a run made in ``dtype_name``."""
+class UnmeasuredToleranceError(ValueError):
+    """An audit in a dtype whose tolerance factor was never measured, without leave to borrow one."""
+
+
+def set_tolerance_factor(dtype_name: str, factor: float) -> None:
+    """Use a factor measured by ``experiments.numeric_tolerance`` (for float16: on a GPU)."""
+    from eagle2.core.precision import dtype_name as canonical
+
+    if not factor > 0:
+        raise ValueError(f"a tolerance factor must be positive, got {factor}")
+    TOLERANCE_FACTORS[canonical(dtype_name)] = float(factor)
+    MEASURED.add(canonical(dtype_name))
+
+
+def tolerance_measured(dtype_name: str) -> bool:
+    from eagle2.core.precision import dtype_name as canonical
+
+    return canonical(dtype_name) in MEASURED
+
+
+def tolerance(dtype_name: str, reference_logits: torch.Tensor, half_reference: bool = False) -> torch.Tensor:
+    """Per-position tolerance (L,) for logits (L, V) of a run made in ``dtype_name`` (``half_reference``:
+    the reference was computed in that same dtype, not in a finer one)."""
     from eagle2.core.precision import resolve_dtype
 
     eps = torch.finfo(resolve_dtype(dtype_name)).eps
-    return tolerance_factor(dtype_name) * eps * reference_logits.abs().amax(-1)
+    factor = tolerance_factor(dtype_name) * (HALF_REFERENCE_FACTOR if half_reference else 1.0)
+    return factor * eps * reference_logits.abs().amax(-1)
 
 
 def tolerance_factor(dtype_name: str) -> float:
+    """The dtype's factor; an unmeasured one (float16) is borrowed with a warning, never silently."""
     from eagle2.core.precision import dtype_name as canonical
 
-    return TOLERANCE_FACTORS[canonical(dtype_name)]
+    name = canonical(dtype_name)
+    if name not in MEASURED and name not in _warned:
+        _warned.add(name)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "the %s identity tolerance factor is UNMEASURED: borrowing %.1f (bfloat16's; %s's eps is "
+            "different). Measure it: %s", name, TOLERANCE_FACTORS[name], name, MEASURE_COMMAND.format(dtype=name))
+    return TOLERANCE_FACTORS[name]
 
 
 def reference_dtype(run_dtype: str) -> str:
@@ -86,14 +132,17 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def classify(logits: torch.Tensor, output: list[int], plain_output: list[int] | None, run_dtype: str) -> dict:
+def classify(logits: torch.Tensor, output: list[int], plain_output: list[int] | None, run_dtype: str,
+             half_reference: bool = False) -> dict:
     """Audit one turn from the reference logits over its own output (see the module docstring).
-    ``plain_output`` is the matched plain turn's output when both had the same prompt, else None."""
-    tol = tolerance(run_dtype, logits)
+    ``plain_output`` is the matched plain turn's output when both had the same prompt, else None;
+    ``half_reference``: the logits were computed in ``run_dtype`` itself (the tolerance doubles)."""
+    tol = tolerance(run_dtype, logits, half_reference)
     best = logits.amax(-1)
     margins = best - logits[torch.arange(len(output)), torch.tensor(output)]
     off = torch.nonzero(margins > tol).flatten().tolist()
-    record = {"tolerance_factor": tolerance_factor(run_dtype), "off_greedy": off,
+    record = {"tolerance_factor": tolerance_factor(run_dtype), "tolerance_measured": tolerance_measured(run_dtype),
+              "half_reference": half_reference, "off_greedy": off,
               "max_margin_over_tol": float((margins / tol).max()) if len(output) else 0.0,
               "prompt_differs": plain_output is None, "first_divergence": None}
     if plain_output is not None:
@@ -131,8 +180,17 @@ def audit_pairs(results: str | Path):
 class ReferenceModels:
     """Loads each (model, reference dtype) once, from the model's config plus user overrides."""
 
-    def __init__(self, overrides: list[str]):
-        self.overrides, self.loaded = overrides, {}
+    def __init__(self, overrides: list[str], reference_dtype: str = "auto"):
+        if reference_dtype not in ("auto", "run"):
+            raise ValueError(f"reference dtype {reference_dtype!r}: choose auto (float32/float64) or run")
+        self.overrides, self.loaded, self.reference_dtype = overrides, {}, reference_dtype
+
+    @property
+    def half_reference(self) -> bool:
+        return self.reference_dtype == "run"
+
+    def dtype_for(self, run_dtype: str) -> str:
+        return run_dtype if self.half_reference else reference_dtype(run_dtype)
 
     def get(self, model_name: str, run_dtype: str):
         key = (model_name, run_dtype)
@@ -144,7 +202,7 @@ class ReferenceModels:
 
             with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
                 cfg = compose("config", overrides=[f"model={model_name}", *self.overrides])
-            cfg.model.dtype = reference_dtype(run_dtype)
+            cfg.model.dtype = self.dtype_for(run_dtype)
             self.loaded[key] = load_target(cfg.model)[0]
         return self.loaded[key]
 
@@ -167,7 +225,7 @@ def audit_config(models: ReferenceModels, rows_file: Path, spec, plain, redo: bo
         logits = reference_logits(models.get(row["model"], run_dtype), list(row["prompt_ids"]),
                                   list(row["output_ids"]))
         rec = classify(logits, list(row["output_ids"]), list(ref_row["output_ids"]) if same_prompt else None,
-                       run_dtype)
+                       run_dtype, models.half_reference)
         rec.update(question_id=row["question_id"], turn=row["turn"], config_hash=row["config_hash"],
                    plain_config_hash=plain_hash, model=row["model"], dataset=row["dataset"],
                    method=row["method"], dtype=run_dtype, timestamp=time.time())
@@ -177,11 +235,20 @@ def audit_config(models: ReferenceModels, rows_file: Path, spec, plain, redo: bo
     return new
 
 
-def audit_results(results: str | Path, overrides: list[str] | None = None, redo: bool = False) -> list[dict]:
-    """Audit every greedy speculative turn under ``results``; return the new records."""
-    models = ReferenceModels(overrides or [])
+def audit_results(results: str | Path, overrides: list[str] | None = None, redo: bool = False,
+                  reference: str = "auto", allow_unmeasured: bool = True) -> list[dict]:
+    """Audit every greedy speculative turn under ``results``; return the new records. ``reference``:
+    ``auto`` (float32, float64 for float32 runs) or ``run`` (the run's dtype, feasible at 70B).
+    ``allow_unmeasured`` false refuses a dtype whose tolerance factor was never measured."""
+    models = ReferenceModels(overrides or [], reference)
     new = []
     for rows_file, spec, plain in audit_pairs(results):
+        for dtype in sorted({str(d) for d in spec.dtype.dropna()}) if "dtype" in spec else []:
+            if not allow_unmeasured and not tolerance_measured(dtype):
+                raise UnmeasuredToleranceError(
+                    f"{rows_file}: the {dtype} tolerance factor is unmeasured. Measure it on a GPU "
+                    f"({MEASURE_COMMAND.format(dtype=dtype)}) and pass --tolerance-factor {dtype}=X, "
+                    "or pass --allow-unmeasured to borrow bfloat16's")
         new += audit_config(models, rows_file, spec, plain, redo)
     return new
 
@@ -193,10 +260,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", action="append", default=[],
                     help="a Hydra override for loading the target, e.g. model.path=/local/dir (repeatable)")
     ap.add_argument("--redo", action="store_true", help="audit every turn again, not only new ones")
+    ap.add_argument("--reference-dtype", choices=("auto", "run"), default="auto",
+                    help="auto: float32 (float64 for float32 runs); run: the run's own dtype, tolerance doubled "
+                         "(a 70B's fp32 reference, 282 GB, fits no single GPU machine)")
+    ap.add_argument("--tolerance-factor", action="append", default=[], metavar="DTYPE=X",
+                    help="a factor measured by experiments.numeric_tolerance, e.g. float16=5.0 (repeatable)")
+    ap.add_argument("--allow-unmeasured", action="store_true",
+                    help="audit float16 with bfloat16's borrowed factor (records say tolerance_measured: false)")
     args = ap.parse_args(argv)
     if not Path(args.results).is_dir():
         ap.error(f"results folder {args.results} does not exist")
-    new = audit_results(args.results, args.override, args.redo)
+    for item in args.tolerance_factor:
+        dtype, _, value = item.partition("=")
+        try:
+            set_tolerance_factor(dtype, float(value))
+        except (KeyError, ValueError) as exc:
+            ap.error(f"--tolerance-factor {item}: {exc} (expected DTYPE=X, e.g. float16=5.0)")
+    try:
+        new = audit_results(args.results, args.override, args.redo, args.reference_dtype, args.allow_unmeasured)
+    except UnmeasuredToleranceError as exc:
+        print(f"[identity] {exc}", file=sys.stderr)
+        return 2
     table = identity_table(args.results)
     print(f"[identity] {len(new)} turns audited now")
     if not table.empty:

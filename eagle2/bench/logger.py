@@ -10,7 +10,7 @@ import os
 
 from omegaconf import DictConfig, OmegaConf
 
-SCALARS = ("new_tokens", "wall_time_s", "prefill_time_s", "target_forwards", "tokens_per_s", "tau")
+SCALARS = ("new_tokens", "wall_time_s", "prefill_time_s", "target_forwards", "tokens_per_s", "e2e_tokens_per_s", "tau")
 
 
 class NullLogger:

@@ -110,6 +110,17 @@ def load_pretrained(cls, location: str, config_key: str = "model.path", **kwargs
         raise _hub_error(location, exc, config_key) from None
 
 
+def device_map(model_cfg, device: str):
+    """Where ``from_pretrained`` puts the weights as it reads them (None: load, then ``.to(device)``).
+    ``model.device_map`` when set (``auto``: accelerate spreads them over the visible GPUs, then host
+    memory: a 70B in fp16 is 141 GB); on a CUDA device the device itself, so that shards stream to the
+    GPU instead of through host RAM; on a CPU none (the loading path the CPU results were made with)."""
+    placement = model_cfg.get("device_map")
+    if placement is not None:
+        return str(placement)
+    return str(device) if torch.device(device).type == "cuda" else None
+
+
 def load_target(model_cfg, device: str | None = None, kernels: str | None = None):
     """Load (model, tokenizer) for a ``conf/model/*.yaml`` entry, in eval mode, in its dtype (``auto``:
     ``eagle2.core.precision.concrete_dtype``) and with this CPU's fast kernels (``model.kernels``,
@@ -121,9 +132,12 @@ def load_target(model_cfg, device: str | None = None, kernels: str | None = None
     dtype = resolve_dtype(concrete_dtype(model_cfg.dtype, device))
     warn_if_slow_bf16(dtype, device)
     tokenizer = load_pretrained(AutoTokenizer, location)
+    placement = device_map(model_cfg, device)
     model = load_pretrained(AutoModelForCausalLM, location, dtype=dtype,
-                            attn_implementation=model_cfg.get("attn_implementation", "sdpa"))
-    model.to(device)
+                            attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
+                            **({"device_map": placement} if placement is not None else {}))
+    if placement is None:
+        model.to(device)
     model.eval()
     accelerate(model, kernels or model_cfg.get("kernels", "auto"), bool(model_cfg.get("compile", False)))
     return model, tokenizer

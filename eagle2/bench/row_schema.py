@@ -19,6 +19,7 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt_tokens": (int,), "prompt_ids": (list,), "new_tokens": (int,), "output_ids": (list,),
     "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),
     "wall_time_s": NUMBER, "prefill_time_s": NUMBER, "tokens_per_s": OPTIONAL_NUMBER, "tau": OPTIONAL_NUMBER,
+    "e2e_tokens_per_s": OPTIONAL_NUMBER,  # new_tokens / (prefill + decode time): the authors' rate (tokens_per_s: decode only)
     "rounds": (dict,),  # per-round facts, column-wise: eagle2.core.engine.RoundStats fields + drafter facts
     "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
     "method_config": (dict,),

@@ -118,6 +118,8 @@ def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
     room = context - int(cfg.max_new_tokens)
     if len(prompt) <= room:
         return prompt
+    if cfg.model.get("stop_at_context") and len(prompt) < context:
+        return prompt  # decoding stops when the context is full (the authors' max_length stop)
     if not cfg.truncate_long_prompts:
         raise ContextOverflowError(
             f"prompt has {len(prompt)} tokens but the context of {context} leaves room for {room} with "
@@ -179,6 +181,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "wall_time_s": out.wall_time_s,
         "prefill_time_s": out.prefill_time_s, "target_forwards": out.target_forwards,
         "tokens_per_s": decoded / out.wall_time_s if out.wall_time_s > 0 else None,
+        "e2e_tokens_per_s": end_to_end_rate(out.new_tokens, out.prefill_time_s, out.wall_time_s),
         "tau": decoded / out.target_forwards if out.target_forwards else None,
         "accept_lengths": out.accept_lengths, "output_ids": out.output_ids,
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
@@ -186,6 +189,13 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "timestamp": time.time(),
     })
+
+
+def end_to_end_rate(new_tokens: int, prefill_s: float, decode_s: float) -> float | None:
+    """New tokens over the whole generation, prefill included (the authors' tokens/s: their clock
+    starts before the prompt's forward)."""
+    total = prefill_s + decode_s
+    return new_tokens / total if total > 0 else None
 
 
 def checked(row: dict) -> dict:
@@ -258,14 +268,12 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
 
-    def decode(prompt, generator):
+    def decode(prompt, generator, max_new_tokens=None):
         drafter = build_drafter(cfg.method, target, params, generator, weights=weights)
-        return generate(target, drafter, prompt, params, int(cfg.max_new_tokens), eos, generator, context)
+        return generate(target, drafter, prompt, params, int(max_new_tokens or cfg.max_new_tokens), eos, generator,
+                        context)
 
-    if cfg.warmup_tokens:
-        warm = encode_conversation(tokenizer, cfg.model.template, ["Hello!"], [], cfg.model.system_prompt)
-        drafter = build_drafter(cfg.method, target, params, None, weights=weights)
-        generate(target, drafter, warm, params, int(cfg.warmup_tokens), eos, None, context)
+    warm_up(cfg, questions, tokenizer, decode, context)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
     try:
         for q in questions:
@@ -296,21 +304,49 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
         logger.finish(summarize(store, questions))
 
 
+def warm_up(cfg, questions: list[dict], tokenizer, decode, context: int) -> None:
+    """Untimed warm-up before the first recorded turn: ``warmup_questions`` > 0 decodes the first
+    question, every turn with its own earlier answers, that many times (the authors' scripts: 3);
+    else one ``warmup_tokens``-token answer to a greeting (0: none)."""
+    rounds = int(cfg.get("warmup_questions") or 0)
+    system = cfg.model.system_prompt
+    if rounds > 0 and questions:
+        for _ in range(rounds):
+            answers: list[str] = []
+            for turn in range(len(questions[0]["turns"])):
+                prompt = encode_conversation(tokenizer, cfg.model.template, questions[0]["turns"][: turn + 1],
+                                             answers, system)
+                try:
+                    out = decode(fit_prompt(prompt, cfg, context), None)
+                except ContextOverflowError:
+                    break
+                answers.append(tokenizer.decode(out.output_ids, skip_special_tokens=True))
+        return
+    if cfg.warmup_tokens:
+        warm = encode_conversation(tokenizer, cfg.model.template, ["Hello!"], [], system)
+        decode(warm, None, int(cfg.warmup_tokens))
+
+
 def summarize(store: ResultStore, questions: list[dict]) -> dict:
     """Totals over this run's question turns (tokens/s as total tokens over total decode time)."""
     ids = {q["question_id"] for q in questions}
     rows = [r for (qid, _), r in store.done.items() if qid in ids]
     decoded = sum(sum(r["accept_lengths"]) for r in rows)
     wall = sum(r["wall_time_s"] for r in rows)
+    prefill = sum(r.get("prefill_time_s") or 0.0 for r in rows)
     forwards = sum(r["target_forwards"] for r in rows)
-    return {"turns": len(rows), "new_tokens": sum(r["new_tokens"] for r in rows),
+    new_tokens = sum(r["new_tokens"] for r in rows)
+    return {"turns": len(rows), "new_tokens": new_tokens,
             "decode_time_s": wall, "tokens_per_s": decoded / wall if wall else None,
+            "prefill_time_s": prefill, "e2e_tokens_per_s": end_to_end_rate(new_tokens, prefill, wall),
             "tau": decoded / forwards if forwards else None, "results": str(store.rows_path)}
 
 
 def format_summary(cfg, s: dict) -> str:
     tps = f"{s['tokens_per_s']:.2f}" if s["tokens_per_s"] else "n/a"
+    e2e = f"{s['e2e_tokens_per_s']:.2f}" if s.get("e2e_tokens_per_s") else "n/a"
     tau = f"{s['tau']:.2f}" if s["tau"] else "n/a"
     return (f"[eagle2] summary {cfg.model.name}/{cfg.method.name}/{cfg.dataset.name} T={cfg.temperature}: "
-            f"{s['turns']} turns, {s['new_tokens']} new tokens, {tps} tokens/s (decode), tau {tau}\n"
+            f"{s['turns']} turns, {s['new_tokens']} new tokens, {tps} tokens/s (decode), "
+            f"{e2e} tokens/s (end to end, prefill included), tau {tau}\n"
             f"[eagle2] rows: {s['results']}")

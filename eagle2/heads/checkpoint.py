@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,24 @@ def cast_like_target(module: torch.nn.Module, target) -> torch.nn.Module:
         owner, _, attr = name.rpartition(".")
         module.get_submodule(owner)._buffers[attr] = table.to(target.device)
     return module
+
+
+def shared_or_own_embedding(what: str, embed: torch.Tensor | None, target) -> nn.Module:
+    """A head's token embedding: the target's own module when the checkpoint has none, or holds a copy
+    equal to it at the target's dtype (the authors' heads store their frozen copy of the target's: no
+    second copy in memory, 2 GB at Llama-3-70B); else the checkpoint's, frozen, on the target's device."""
+    mine = target.get_input_embeddings()
+    if embed is None:
+        return mine
+    weight = mine.weight
+    if tuple(embed.shape) == tuple(weight.shape) and _equal_in_chunks(embed, weight):
+        return mine
+    log.info("%s: its embed_tokens.weight differs from the target's embedding: the head keeps its own", what)
+    own = nn.Embedding.from_pretrained(embed, freeze=True)
+    return own.to(weight.device, weight.dtype)
+
+
+def _equal_in_chunks(embed: torch.Tensor, weight: torch.Tensor, rows: int = 8192) -> bool:
+    """``embed`` (any dtype, any device) equals ``weight`` once cast to its dtype; one slice at a time."""
+    return all(torch.equal(embed[i:i + rows].to(weight.device, weight.dtype), weight[i:i + rows])
+               for i in range(0, embed.shape[0], rows))

@@ -32,7 +32,13 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle2.core.features import eagle3_layers
-from eagle2.heads.checkpoint import cast_like_target, check_state, checkpoint_folder, read_weights
+from eagle2.heads.checkpoint import (
+    cast_like_target,
+    check_state,
+    checkpoint_folder,
+    read_weights,
+    shared_or_own_embedding,
+)
 
 
 class Eagle3Attention(nn.Module):
@@ -187,9 +193,7 @@ def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
     if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size):
         raise ValueError(f"EAGLE-3 head {folder}: d2t maps draft ids outside the target vocabulary")
     if embed is not None:
-        own = nn.Embedding(*embed.shape)
-        own.weight.data.copy_(embed)
-        head.attach_embedding(own.requires_grad_(False).to(target.device, target.dtype))
+        head.attach_embedding(shared_or_own_embedding(f"EAGLE-3 head {folder}", embed, target))
     elif config.hidden_size != target.config.hidden_size:
         raise ValueError(f"EAGLE-3 head {folder}: hidden size {config.hidden_size} differs from the target's "
                          "and the checkpoint has no embed_tokens.weight")

@@ -38,6 +38,7 @@ from eagle2.heads.checkpoint import (
     checkpoint_folder,
     drop_rotary_buffers,
     read_weights,
+    shared_or_own_embedding,
 )
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
@@ -132,11 +133,7 @@ def load_head(location: str | Path, target) -> EagleHead:
     check_state(what, state, expected)
     head.load_state_dict(state, assign=True)  # checked above: exactly the expected keys and shapes
     head.rotary_emb = LlamaRotaryEmbedding(config)  # computed from the config, never stored
-    if embed is not None:
-        own = nn.Embedding.from_pretrained(embed, freeze=True)
-        head.attach_embedding(own.to(target.device, target.dtype))
-    else:
-        head.attach_embedding(target.get_input_embeddings())
+    head.attach_embedding(shared_or_own_embedding(what, embed, target))
     if (folder / DRAFT_VOCAB_FILE).is_file():
         from safetensors.torch import load_file
 
