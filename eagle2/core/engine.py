@@ -17,6 +17,7 @@ import torch
 
 from eagle2.core.accept import accept_greedy, accept_stochastic
 from eagle2.core.cache import forward_target, keep_tree_path, new_cache
+from eagle2.core.clock import Clock, Spans
 from eagle2.core.features import LayerTap
 from eagle2.core.sampling import SamplingParams, next_token, probabilities
 from eagle2.core.tree import DraftTree
@@ -62,7 +63,8 @@ class GenerationOutput:
 
 
 def device_clock(device) -> float:
-    """perf_counter after the device's queued work is done (a CUDA sync), for timing forwards."""
+    """perf_counter after the device's queued work is done (a CUDA sync), for benchmarks that mean to wait;
+    decoding rounds are timed by ``eagle2.core.clock`` (no syncs)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -107,23 +109,25 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
 def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit,
             tap: LayerTap | None, cache) -> GenerationOutput:
     device = target.device
-    start = device_clock(device)
+    clock = Clock(device)  # marks, read once after the last round: no timing syncs inside rounds
+    start = clock.mark()
     hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
     first = next_token(target.lm_head(hidden[0, -1]), params, generator)
     feats = hidden if tap is None else tap.read()
     drafter.start(prompt_ids, first, feats[0] if drafter.needs_hidden else None)
-    decode_start = device_clock(device)
+    spans = getattr(drafter, "spans", None)  # a drafter's own forwards (None: no model, ``forward_time``)
+    decode_start = clock.mark()
     out, root, prefix = [first], first, len(prompt_ids)
-    accept_lengths, rounds, nodes = [], [], {}
+    accept_lengths, trees, marks, nodes = [], [], [], {}
     while len(out) < max_new_tokens and out[-1] not in eos_ids and prefix + 1 <= limit:
-        t0, f0 = device_clock(device), drafter.forward_time
+        t0, f0 = clock.mark(), _forward_count(drafter, spans)
         tree = drafter.propose(root, room=limit - prefix)
-        t1 = device_clock(device)
+        t1 = clock.mark()
         mask = tree.attention_mask(prefix, target.dtype, device)
         hidden = forward_target(target, tree.tokens[None].to(device), cache, attention_mask=mask,
                                 position_ids=tree.position_ids(prefix, device))
         logits = target.lm_head(hidden[0])  # (N, V)
-        t2 = device_clock(device)
+        t2 = clock.mark()
         if params.greedy:
             path, bonus = accept_greedy(tree, logits)
         else:
@@ -136,15 +140,31 @@ def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, genera
         out.extend(new)
         prefix, root = prefix + len(kept), bonus
         accept_lengths.append(len(new))
-        _record_nodes(nodes, tree, len(rounds), path)
-        t3 = device_clock(device)
-        draft_forward = drafter.forward_time - f0
-        rounds.append(RoundStats(len(tree), len(path), t1 - t0, draft_forward, t2 - t1,
-                                 (t3 - t0) - draft_forward - (t2 - t1), dict(tree.meta)))
-    end = device_clock(device)
+        _record_nodes(nodes, tree, len(trees), path)
+        trees.append((len(tree), len(path), dict(tree.meta)))
+        marks.append((t0, t1, t2, clock.mark(), f0, _forward_count(drafter, spans)))
+    end = clock.mark()
+    seconds = clock.resolve()  # the one wait of the generation (CUDA)
+    rounds = [_round_stats(seconds, spans, m, t) for m, t in zip(marks, trees)]
     out = _trim(out, eos_ids, max_new_tokens)
     _trim_lengths(accept_lengths, len(out) - 1)
-    return GenerationOutput(out, decode_start - start, end - decode_start, accept_lengths, rounds, nodes)
+    return GenerationOutput(out, seconds[decode_start] - seconds[start], seconds[end] - seconds[decode_start],
+                            accept_lengths, rounds, nodes)
+
+
+def _forward_count(drafter, spans: Spans | None) -> float:
+    """Where the drafter's forward timing stands: its span count, or its ``forward_time`` seconds."""
+    return len(spans) if spans is not None else drafter.forward_time
+
+
+def _round_stats(seconds: list[float], spans: Spans | None, marks: tuple, tree: tuple) -> RoundStats:
+    t0, t1, t2, t3, f0, f1 = marks
+    # the drafter's spans end before the engine's last mark, already waited for: no second wait
+    draft_forward = spans.seconds(f0, f1, wait=False) if spans is not None else f1 - f0
+    verify = seconds[t2] - seconds[t1]
+    size, accepted, meta = tree
+    return RoundStats(size, accepted, seconds[t1] - seconds[t0], draft_forward, verify,
+                      (seconds[t3] - seconds[t0]) - draft_forward - verify, meta)
 
 
 def _trim(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> list[int]:

@@ -18,7 +18,8 @@ class Drafter(Protocol):
     needs_hidden: bool  # whether it consumes target features (EAGLE does)
     # optional ``feature_layers``: target layers whose inputs, concatenated, are its features (EAGLE-3);
     # absent or None: the target's last hidden states after the final norm
-    forward_time: float  # seconds spent in its own model forwards, device-synchronised (time breakdown)
+    # its own model forwards for the time breakdown: ``spans`` (``eagle2.core.clock.Spans``, no syncs) when it
+    # runs a model, else ``forward_time: float`` seconds (0.0 for drafters without forwards)
 
     def start(self, prompt_ids: list[int], first_token: int, prompt_hidden: torch.Tensor | None) -> None:
         """After prefill: the prompt, the first generated token, and (if ``needs_hidden``) the prompt's

@@ -16,7 +16,7 @@ import weakref
 import torch
 
 from eagle2.core.cache import crop, new_cache
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import Spans
 from eagle2.core.kernels import PackedLinear
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
@@ -93,11 +93,12 @@ class HeadRunner:
             self.lm_head = drafting_lm_head(lm_head, lm_head_dtype, vocab)
             self.lm_head_dtype = self.lm_head.weight.dtype
         self.vocab = None if vocab is None else vocab.to(device)  # token id of each drafting logit
-        self.forward_time = 0.0
+        self.spans = Spans(device)  # its own forwards, read after the generation
 
     # -- committed context -------------------------------------------------------------------
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
         self.cache = new_cache(self.head)
+        self.spans.clear()
         self.committed = 0
         self.pending_tokens = list(prompt_ids[1:]) + [first_token]
         self.pending_feats = [prompt_hidden]
@@ -107,11 +108,9 @@ class HeadRunner:
         self.pending_feats.append(hidden)
 
     def _head(self, tokens, feats, positions, mask) -> torch.Tensor:
-        t0 = device_clock(self.device)
-        out = self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
-                        cache=self.cache)[0]
-        self.forward_time += device_clock(self.device) - t0
-        return out
+        with self.spans.span():
+            return self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
+                             cache=self.cache)[0]
 
     def catch_up(self) -> torch.Tensor:
         """Feed pending pairs; return log-probabilities (V,) of the root's children."""
@@ -137,9 +136,8 @@ class HeadRunner:
 
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the drafting vocabulary (the full one unless reduced)."""
-        t0 = device_clock(self.device)
-        logits = self.lm_head(features.to(self.lm_head_dtype)).float()
-        self.forward_time += device_clock(self.device) - t0
+        with self.spans.span():
+            logits = self.lm_head(features.to(self.lm_head_dtype)).float()
         return torch.log_softmax(logits, dim=-1)
 
     def expand(self, tokens: torch.Tensor | list[int], parent_fed: list[int], depth: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import Spans
 from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import drafting_lm_head, path_log_values, tree_from_drafted
 from eagle2.heads.medusa_heads import MedusaHeads
@@ -35,9 +35,10 @@ class MedusaDrafter:
         dtype = None if heads.own_lm_head else lm_head_dtype  # a head's own LM head stays as it is
         self.lm_heads = [drafting_lm_head(heads.lm_head(k), dtype, heads.draft_vocab) for k in range(self.num_heads)]
         self.vocab = heads.draft_vocab  # column i of the drafting logits is token vocab[i]
-        self.forward_time = 0.0
+        self.spans = Spans(device)  # its own forwards, read after the generation
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.spans.clear()
         self.hidden = prompt_hidden[-1]
 
     def observe(self, new_tokens, hidden) -> None:
@@ -45,11 +46,10 @@ class MedusaDrafter:
 
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(depth, top_k) token ids and log-probabilities of the top choices of each head, best first."""
-        t0 = device_clock(self.device)
-        feats = self.heads.features(self.hidden.to(next(self.heads.parameters()).dtype), self.num_heads)
-        logits = torch.stack([lm(f.to(lm.weight.dtype)) for lm, f in zip(self.lm_heads, feats)]).float()
-        top = torch.topk(torch.log_softmax(logits, dim=-1), self.top_k, dim=-1)
-        self.forward_time += device_clock(self.device) - t0
+        with self.spans.span():
+            feats = self.heads.features(self.hidden.to(next(self.heads.parameters()).dtype), self.num_heads)
+            logits = torch.stack([lm(f.to(lm.weight.dtype)) for lm, f in zip(self.lm_heads, feats)]).float()
+            top = torch.topk(torch.log_softmax(logits, dim=-1), self.top_k, dim=-1)
         tokens = top.indices.cpu()
         return (tokens if self.vocab is None else self.vocab[tokens]), top.values.cpu()
 

@@ -34,8 +34,8 @@ class OracleDrafter:
         self.decoder = SpsDrafter(target, SamplingParams(), depth, None)  # plain greedy look-ahead
 
     @property
-    def forward_time(self) -> float:
-        return self.decoder.forward_time
+    def spans(self):
+        return self.decoder.spans
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
         self.reference = self.references.get(tuple(prompt_ids))

@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from eagle2.core.cache import cache_kwargs, crop, new_cache
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import Spans
 from eagle2.core.sampling import Draws, SamplingParams, as_draws, probabilities
 from eagle2.core.tree import DraftTree
 
@@ -51,23 +51,23 @@ class SpsDrafter:
         self.model, self.k = draft_model, k
         self.params = draft_params(params, draft_temperature)
         self.draws = as_draws(generator)
-        self.forward_time = 0.0
+        self.spans = Spans(draft_model.device)  # its own forwards, read after the generation
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
         self.sequence = list(prompt_ids) + [first_token]
         self.cache = new_cache(self.model)
+        self.spans.clear()
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
 
     def observe(self, new_tokens, hidden) -> None:
         self.sequence.extend(new_tokens)
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
-        t0 = device_clock(self.model.device)
-        ids = torch.tensor([tokens], device=self.model.device)
-        logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                            **cache_kwargs(self.model, self.cache)).logits[0, -1]
+        with self.spans.span():
+            ids = torch.tensor([tokens], device=self.model.device)
+            logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                **cache_kwargs(self.model, self.cache)).logits[0, -1]
         self.fed.extend(tokens)
-        self.forward_time += device_clock(self.model.device) - t0
         return logits
 
     def _draft_token(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
