@@ -29,7 +29,7 @@ SELF_CORPUS = "artifacts/work/smollm2/corpus"
 DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
 CONVERSATIONS = "artifacts/work/smollm2/conversations_corpus"  # train_head.py stage=features writes it
 
-ALPACA = ["train.corpus.prompts=[data/train/alpaca_5000.json]", "train.corpus.tap_layers=null"]  # the first corpus
+ALPACA = ["train.corpus.prompts=[data/train/alpaca_5000.json.gz]", "train.corpus.tap_layers=null"]  # the first corpus
 OLD = [*ALPACA, "train.corpus.out_dir=artifacts/work/smollm2/corpus_alpaca"]  # where its variants now find it
 
 VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # name -> (lever, overrides[, kind])

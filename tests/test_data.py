@@ -44,7 +44,7 @@ def test_malformed_jsonl_names_its_line_not_a_datasets_error(tmp_path):
 
 
 def test_training_prompts_exclude_every_benchmark_question():
-    prompts = training_prompts(PROJECT_ROOT / "data" / "train" / "alpaca_5000.json")
+    prompts = training_prompts(PROJECT_ROOT / "data" / "train" / "alpaca_5000.json.gz")
     held_out = all_benchmark_questions()
     assert 4900 < len(prompts) < 5000
     assert not held_out & set(prompts)
@@ -57,3 +57,21 @@ def test_chat_templates():
     assert l2 == "[INST] <<SYS>>\nBe nice\n<</SYS>>\n\nHi [/INST] "
     l3 = render("llama3", ["Hi"], [], None)
     assert l3.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n") and "user<|end_header_id|>\n\nHi" in l3
+
+
+def test_training_files_ship_gzip_compressed_and_read_as_plain(tmp_path):
+    """data/train ships ``.json.gz`` / ``.jsonl.gz``; a compressed file reads as its plain text does, and a
+    plain name whose file exists only compressed (an older config's value) reads the compressed file."""
+    import gzip
+
+    from eagle2.training.corpus import training_records
+
+    train = PROJECT_ROOT / "data" / "train"
+    assert sorted(p.name for p in train.iterdir()) == ["alpaca_5000.json.gz", "code_alpaca_2k.json.gz",
+                                                       "gsm8k_train.jsonl.gz"]
+    lines = tmp_path / "g.jsonl"
+    lines.write_bytes(gzip.decompress((train / "gsm8k_train.jsonl.gz").read_bytes()))
+    plain = training_records(lines)
+    assert len(plain) > 7000
+    assert training_records(train / "gsm8k_train.jsonl.gz") == plain
+    assert training_records(train / "gsm8k_train.jsonl") == plain  # the old name

@@ -20,6 +20,7 @@ several answers (two-turn conversations, ``token_shards.py``); without it the an
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 from pathlib import Path
 
@@ -34,9 +35,15 @@ from eagle2.core.features import LayerTap, eagle3_layers
 
 
 def _read_records(path: Path) -> list[dict]:
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(path.read_text())
+    """Records of a ``.json`` list or ``.jsonl`` lines, either gzip-compressed (``.json.gz``, ``.jsonl.gz``,
+    as data/train ships them); a plain name whose file exists only compressed reads the compressed one."""
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    compressed = path.suffix == ".gz"
+    text = gzip.decompress(path.read_bytes()).decode() if compressed else path.read_text()
+    if (path.with_suffix("") if compressed else path).suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
 
 
 def _prompt_and_answer(record: dict, path: Path) -> tuple[str, str]:
@@ -50,7 +57,7 @@ def _prompt_and_answer(record: dict, path: Path) -> tuple[str, str]:
 
 def training_records(paths, benchmarks_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """(prompt, the dataset's own answer) pairs of one prompt file or several (``.json`` lists of
-    Alpaca-style records or ``.jsonl`` GSM8K-style lines), in file order, every benchmark question removed."""
+    Alpaca-style records or ``.jsonl`` GSM8K-style lines, plain or ``.gz``), in file order, every benchmark question removed."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     pairs = [_prompt_and_answer(r, Path(p)) for p in paths for r in _read_records(Path(p))]
     held_out = all_benchmark_questions(benchmarks_dir)
