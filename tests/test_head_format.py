@@ -176,6 +176,32 @@ def test_trained_head_export_round_trip(target, tmp_path):
     assert export_dtype(head, 1e-3) == torch.float16
 
 
+def test_exports_store_the_configured_dtype_and_load_cast(target, tmp_path):
+    """``train.export.dtype`` (bfloat16 by default) is what an export stores; loaded beside an fp32 target
+    the head is fp32 again, close to the trained one, its rotary table fp32."""
+    from omegaconf import OmegaConf
+    from safetensors import safe_open
+
+    from eagle2.training.models import export_dtype, new_head
+
+    head = new_head(target, init_from_target=True).eval()
+    from pathlib import Path
+
+    defaults = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "train" / "smollm2.yaml")
+    assert defaults.export.dtype == defaults.medusa.export_dtype == "bfloat16"
+    dtype = export_dtype(head, 25, defaults.export.dtype)
+    assert dtype == torch.bfloat16 and export_dtype(head, 25, "float32") == torch.float32
+    with pytest.raises(ValueError, match="export dtype 'bf16'"):
+        export_dtype(head, 25, "bf16")
+    folder = save_head(head, tmp_path / "bf16", dtype=dtype)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys() if not k.endswith("inv_freq")} == {torch.bfloat16}
+    loaded = load_head(folder, target)
+    assert next(loaded.parameters()).dtype == torch.float32
+    assert all(b.dtype == torch.float32 for n, b in loaded.named_buffers() if n.endswith("inv_freq"))
+    assert torch.allclose(run_head(head), run_head(loaded), atol=5e-2)
+
+
 def test_half_precision_head_keeps_fp32_rotary_tables(target, tmp_path):
     """Loaded beside a bf16 target, the head's weights are bf16 but its rotary inv_freq stays fp32, as the
     target's own does: rounded, every rotary angle of the head would drift from the target's."""

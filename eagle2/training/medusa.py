@@ -221,6 +221,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     from eagle2.heads.medusa_heads import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
     from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import load_sequences, split_shards
+    from eagle2.training.models import export_dtype
     from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
 
     mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
@@ -229,7 +230,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     if summary["partial"]:
         return None
     summary["wall_time_s_this_process"] = time.time() - t0
-    dtype = torch.float32 if sum(p.numel() for p in heads.parameters()) * 4 <= mc.export_max_mb * 1e6 else torch.float16
+    dtype = export_dtype(heads, mc.export_max_mb, mc.get("export_dtype", "bfloat16"))
     folder = save_medusa_heads(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
     info = {"kind": "medusa", "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
             "corpus_shards": sorted(p.name for p in corpus_dir.glob("shard_*.safetensors")),

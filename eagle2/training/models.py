@@ -57,7 +57,15 @@ def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
     return head.to(target.device, torch.float32)
 
 
-def export_dtype(module: torch.nn.Module, max_mb: float) -> torch.dtype:
-    """fp32 if the stored weights fit in ``max_mb`` MB, else fp16."""
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def export_dtype(module: torch.nn.Module, max_mb: float, dtype: str = "auto") -> torch.dtype:
+    """The dtype an export stores: ``dtype`` as configured (``train.export.dtype``: bfloat16, float16,
+    float32), or for ``auto`` fp32 if the stored weights fit in ``max_mb`` MB, else fp16."""
+    if dtype != "auto":
+        if dtype not in EXPORT_DTYPES:
+            raise ValueError(f"export dtype {dtype!r}: expected auto or one of {sorted(EXPORT_DTYPES)}")
+        return EXPORT_DTYPES[dtype]
     numel = sum(v.numel() for v in trainable_state(module).values())
     return torch.float32 if numel * 4 <= max_mb * 1e6 else torch.float16

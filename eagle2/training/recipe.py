@@ -135,7 +135,7 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
     if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
         head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
-    dtype = export_dtype(head, cfg.train.export.head_max_mb)
+    dtype = export_dtype(head, cfg.train.export.head_max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
     _check_size(folder, cfg.train.export.head_max_mb)
     _write_training_card(folder, "head", cfg, summary, dtype)
@@ -152,7 +152,7 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     if summary["partial"]:
         return None
     max_mb = cfg.train.export.eagle3_head_max_mb
-    dtype = export_dtype(head, max_mb)
+    dtype = export_dtype(head, max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_eagle3_head(head, root / cfg.train.export.eagle3_head, dtype=dtype)
     _check_size(folder, max_mb)
     _write_training_card(folder, "eagle3", cfg, summary, dtype)
@@ -167,7 +167,7 @@ def draft_stage(target, cfg, root: Path) -> Path | None:
                                  root / cfg.train.draft.out_dir, stop_after=cfg.train.draft.stop_after)
     if summary["partial"]:
         return None
-    dtype = export_dtype(draft, cfg.train.export.draft_max_mb)
+    dtype = export_dtype(draft, cfg.train.export.draft_max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_draft_model(draft, root / cfg.train.export.draft, dtype=dtype)
     _check_size(folder, cfg.train.export.draft_max_mb)
     _write_training_card(folder, "draft", cfg, summary, dtype)
