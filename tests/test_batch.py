@@ -136,3 +136,27 @@ def test_identity_check_catches_broken_batching(positional, monkeypatch, control
     assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] == refs
     monkeypatch.setattr(batch_engine, "verify_inputs", control)
     assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] != refs
+
+
+def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2):
+    """run.py's path: MT-bench turns (later turns queued behind their first) at batch_size=2 store the same
+    outputs as batch 1, with the batch fields; the batch keys enter the config hash only when B > 1."""
+    from eagle2.bench.results import config_hash
+    from eagle2.bench.runner import run
+    from tests.test_runner import config, rows
+
+    common = ["method=plain", "dataset=mt_bench", "dataset.limit=3", "max_new_tokens=8", "model.dtype=float32",
+              f"paths.results={tmp_path}"]
+    one = config(*common)
+    assert config_hash(one) == config_hash(config(*common, "batch_size=1", "batch_refill=false"))
+    assert config_hash(one) != config_hash(config(*common, "batch_size=2"))
+    run(one)
+    run(config(*common, "batch_size=2"))
+    by_size = {}
+    for r in rows(tmp_path):
+        by_size.setdefault(r["batch_size"], {})[(r["question_id"], r["turn"])] = r
+    assert len(by_size[2]) == 6 and by_size[2].keys() == by_size[1].keys()
+    for key, r in by_size[2].items():
+        assert r["output_ids"] == by_size[1][key]["output_ids"]
+        assert r["batch_slot"] in (0, 1) and r["batch_wall_time_s"] > 0
+    assert all(r["batch_id"] is None for r in by_size[1].values())
