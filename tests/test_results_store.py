@@ -24,7 +24,8 @@ from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, c
 ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
 # the experiments) must change the hash, or tests below fail
-NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale"}
+NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale",
+                   "batch_refill"}  # batch_refill: hashed only with batch_size > 1 (tests/test_batch.py)
 
 
 def open_store(root: Path, chash: str = "abc") -> ResultStore:

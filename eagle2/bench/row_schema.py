@@ -27,6 +27,10 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "weights": (dict,),  # drafter weights by model-config key -> content hash of the local files (None: hub id)
     "cpu_kind": (str,),  # the host CPU: bf16-native (AVX512-BF16 / AMX), avx2 or unknown (core.cpu.cpu_kind)
     "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +compile (core.kernels)
+    "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
+    "batch_id": (int, type(None)),  # the same for rows decoded together (None at batch 1)
+    "batch_slot": (int, type(None)),  # the row of the batch this turn was decoded in
+    "batch_wall_time_s": OPTIONAL_NUMBER,  # the batch's decode wall time (continuous batching: this row's span in flight)
     "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",

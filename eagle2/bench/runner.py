@@ -167,7 +167,8 @@ def _peak_memory_mb(device) -> float | None:
         return None
 
 
-def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str) -> dict:
+def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
+             batch: dict | None = None) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -188,6 +189,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "timestamp": time.time(),
+        "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
+        **(batch or {}),
     })
 
 
@@ -274,6 +277,11 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                         context)
 
     warm_up(cfg, questions, tokenizer, decode, context)
+    if int(cfg.get("batch_size") or 1) > 1:
+        from eagle2.bench.batched import decode_batched
+
+        return decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
+                              fingerprints, kernels, logger)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
     try:
         for q in questions:

@@ -41,6 +41,7 @@ def validate_run_config(cfg: DictConfig) -> None:
     _int("max_new_tokens", cfg.get("max_new_tokens"), 1)
     _int("threads", cfg.get("threads"), 1, nullable=True, null_means="torch's default")
     _int("warmup_tokens", cfg.get("warmup_tokens"), 0, nullable=True, null_means="no warm-up")
+    _int("batch_size", cfg.get("batch_size", 1), 1)
     seed = cfg.get("seed")
     if not _is_int(seed):
         raise _bad("seed", seed, "an integer")

@@ -1,0 +1,61 @@
+"""The runner's path for ``batch_size`` > 1: every unfinished question turn through ``eagle2.core.batch_engine``.
+
+First turns are queued at once; a later turn of a question is queued when its earlier turn finishes (it
+needs that answer). Each finished turn is stored as its row at once, with ``batch_size``, ``batch_id``,
+``batch_slot`` and ``batch_wall_time_s``; a failed turn is stored as a failed row and its later turns skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from eagle2.bench.chat import encode_conversation
+from eagle2.bench.methods import build_drafter
+from eagle2.core.batch_engine import BatchEngine, BatchRequest
+
+log = logging.getLogger(__name__)
+
+
+def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
+                   fingerprints, kernels, logger) -> None:
+    from eagle2.bench.runner import (_row_generator, failed_row, fit_prompt, make_row, summarize)
+
+    queue: deque = deque()
+
+    def enqueue(q, turn: int, answers: list[str]) -> None:
+        while turn < len(q["turns"]) and store.finished(q["question_id"], turn):
+            answers = [*answers, store.finished(q["question_id"], turn)["output_text"]]
+            turn += 1
+        if turn == len(q["turns"]):
+            return
+        try:
+            prompt = fit_prompt(encode_conversation(tokenizer, cfg.model.template, q["turns"][: turn + 1], answers,
+                                                    cfg.model.system_prompt), cfg, context)
+        except ValueError as exc:
+            store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
+            return
+        gen = _row_generator(cfg.seed, q["question_id"], turn, target.device)
+        drafter = build_drafter(cfg.method, target, params, gen, weights=weights)
+        queue.append(BatchRequest(prompt, drafter, int(cfg.max_new_tokens), gen, key=(q, turn, answers)))
+
+    def finished(res) -> None:
+        q, turn, answers = res.request.key
+        if res.error is not None:
+            log.error("question %s turn %d failed: %s", q["question_id"], turn, res.error)
+            store.append(failed_row(cfg, chash, q["question_id"], turn, res.error))
+            return
+        batch = {"batch_id": res.batch_id, "batch_slot": res.batch_slot, "batch_wall_time_s": res.batch_wall_time_s}
+        row = make_row(cfg, chash, q, turn, res.request.prompt_ids, res.output, tokenizer, fingerprints, kernels,
+                       batch)
+        store.append(row, res.output.nodes)
+        logger.log_row(row)
+        enqueue(q, turn + 1, [*answers, row["output_text"]])
+
+    for q in questions:
+        enqueue(q, 0, [])
+    try:
+        BatchEngine(target, params, eos, int(cfg.batch_size), context, bool(cfg.get("batch_refill", True))).run(
+            queue, finished)
+    finally:
+        logger.finish(summarize(store, questions))

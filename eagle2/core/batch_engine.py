@@ -1,0 +1,235 @@
+"""Batched decoding for every method: B requests in the rows of one target forward per round.
+
+Each request keeps its own drafter (its own tree, budget and random generator) exactly as in the batch-1
+engine (``eagle2.core.engine``); a round drafts every live row's tree, pads the trees to the round's largest
+with masked dummy nodes, verifies them in one target forward with a (B, 1, Q, K) additive mask (row b
+sees its own prefix ``0..lengths[b]`` and its own tree ancestors, written at the common width) and
+position ids ``lengths[b] + depth``, then accepts and commits per row (``eagle2.core.batch_cache``): a
+different accepted length per row, per-row EOS and ``max_new_tokens``. A request is prefilled alone (its
+own forward, its own first token) and its KV copied into its row.
+
+Requests come from a queue the caller may append to while decoding (a later MT-bench turn waits for its
+first turn's answer). ``refill=True`` (continuous batching) gives a freed row to the next queued request at
+once; ``refill=False`` (static) lets the batch drain and then admits the next wave. Each finished request is
+handed to ``on_finish`` with its ``GenerationOutput`` (``wall_time_s``: the span it was in flight) and its
+batch facts (``batch_wall_time_s``: the wave's decode time when static, the row's span when continuous).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from eagle2.core.accept import accept_greedy, accept_stochastic
+from eagle2.core.batch_cache import BatchCache
+from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.engine import (ContextOverflowError, GenerationOutput, RoundStats, _feature_tap, _record_nodes,
+                                _trim, _trim_lengths, device_clock)
+from eagle2.core.sampling import SamplingParams, next_token, probabilities
+from eagle2.core.tree import DraftTree, additive_mask
+
+
+@dataclass
+class BatchRequest:
+    prompt_ids: list[int]
+    drafter: Any  # eagle2.drafters.base.Drafter, this request's own
+    max_new_tokens: int
+    generator: torch.Generator | None = None
+    key: Any = None  # the caller's handle, returned untouched
+
+
+@dataclass
+class BatchResult:
+    request: BatchRequest
+    output: GenerationOutput | None  # None when the request failed
+    batch_id: int
+    batch_slot: int
+    batch_wall_time_s: float | None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Row:
+    request: BatchRequest
+    out: list[int]
+    prefill_s: float
+    start: float  # decode start (after its prefill)
+    accept_lengths: list[int] = field(default_factory=list)
+    rounds: list[RoundStats] = field(default_factory=list)
+    nodes: dict = field(default_factory=dict)
+    end: float | None = None
+
+
+def verify_inputs(trees: dict[int, DraftTree], lengths: list[int], width: int, rows: int):
+    """Tokens (B, Q), position ids (B, Q) and the allowed matrix (B, Q, width + Q) of one batched verify.
+
+    Row b's real nodes sit at columns ``width..width + n_b`` and see the row's own prefix and their tree
+    ancestors; its dummy nodes (and every node of a row with no tree) see only themselves."""
+    q = max(len(t) for t in trees.values())
+    tokens = torch.zeros(rows, q, dtype=torch.long)
+    positions = torch.zeros(rows, q, dtype=torch.long)
+    allowed = torch.zeros(rows, q, width + q, dtype=torch.bool)
+    idx = torch.arange(q)
+    allowed[:, idx, width + idx] = True  # every node sees itself (dummies: only that)
+    for b in range(rows):
+        positions[b] = lengths[b]
+        tree = trees.get(b)
+        if tree is None:
+            continue
+        n = len(tree)
+        tokens[b, :n] = tree.tokens
+        tokens[b, n:] = tree.tokens[0]
+        positions[b, :n] = tree.depths + lengths[b]
+        allowed[b, :n, : lengths[b]] = True
+        allowed[b, :n, width: width + n] = tree.ancestor_matrix()
+    return tokens, positions, allowed
+
+
+class BatchEngine:
+    """Decodes a queue of ``BatchRequest`` in ``batch_size`` rows (``run``)."""
+
+    def __init__(self, target, params: SamplingParams, eos_ids: set[int], batch_size: int,
+                 max_context: int | None = None, refill: bool = True):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        self.target, self.params, self.eos, self.rows = target, params, set(eos_ids), int(batch_size)
+        self.limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
+        self.refill = refill
+        self.device = target.device
+        self.tap = None
+        self._tap_layers = None
+
+    # -- admission ---------------------------------------------------------------------------------
+    def _features(self, hidden):
+        return hidden if self.tap is None else self.tap.read()
+
+    def _ensure_tap(self, drafter) -> None:
+        layers = getattr(drafter, "feature_layers", None) if drafter.needs_hidden else None
+        layers = tuple(layers) if layers else None
+        if self._tap_layers is None and self.tap is None:
+            self._tap_layers = layers
+            self.tap = _feature_tap(self.target, drafter)
+        elif layers != self._tap_layers:
+            raise ValueError("every request of a batch must read the same target features (one method per batch)")
+
+    def _admit(self, req: BatchRequest, slot: int, cache: BatchCache) -> _Row:
+        """Prefill ``req`` alone, copy its KV into ``slot``; its drafter starts."""
+        if len(req.prompt_ids) + 1 > self.limit:
+            raise ContextOverflowError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in a context of "
+                                       f"{self.limit}")
+        self._ensure_tap(req.drafter)
+        t0 = device_clock(self.device)
+        single = new_cache(self.target)
+        hidden = forward_target(self.target, torch.tensor([req.prompt_ids], device=self.device), single)
+        first = next_token(self.target.lm_head(hidden[0, -1]), self.params, req.generator)
+        feats = self._features(hidden)
+        req.drafter.start(req.prompt_ids, first, feats[0] if req.drafter.needs_hidden else None)
+        cache.load_row(slot, single)
+        t1 = device_clock(self.device)
+        return _Row(req, [first], t1 - t0, t1)
+
+    def _finished(self, row: _Row, length: int) -> bool:
+        out = row.out
+        return len(out) >= row.request.max_new_tokens or out[-1] in self.eos or length + 1 > self.limit
+
+    def _output(self, row: _Row) -> GenerationOutput:
+        out = _trim(row.out, self.eos, row.request.max_new_tokens)
+        _trim_lengths(row.accept_lengths, len(out) - 1)
+        return GenerationOutput(out, row.prefill_s, row.end - row.start, row.accept_lengths, row.rounds, row.nodes)
+
+    # -- one round ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _round(self, live: dict[int, _Row], cache: BatchCache) -> None:
+        trees, draft_s, draft_fwd = {}, {}, {}
+        for slot, row in live.items():
+            drafter = row.request.drafter
+            t0, f0 = device_clock(self.device), drafter.forward_time
+            trees[slot] = drafter.propose(row.out[-1], room=self.limit - cache.lengths[slot])
+            draft_s[slot], draft_fwd[slot] = device_clock(self.device) - t0, drafter.forward_time - f0
+        t1 = device_clock(self.device)
+        width = cache.width
+        tokens, positions, allowed = verify_inputs(trees, cache.lengths, width, self.rows)
+        mask = additive_mask(allowed, self.target.dtype, self.device)[0, 0].unsqueeze(1)  # (B, 1, Q, K)
+        hidden = forward_target(self.target, tokens.to(self.device), cache.cache, attention_mask=mask,
+                                position_ids=positions.to(self.device))  # (B, Q, H)
+        t2 = device_clock(self.device)
+        feats = self._features(hidden)
+        kept_rows, new_rows = {}, {}
+        for slot, row in live.items():
+            tree = trees[slot]
+            logits = self.target.lm_head(hidden[slot, : len(tree)])
+            if self.params.greedy:
+                path, bonus = accept_greedy(tree, logits)
+            else:
+                path, bonus = accept_stochastic(tree, probabilities(logits, self.params), row.request.generator)
+            kept_rows[slot] = [0, *path]
+            new_rows[slot] = (path, tree.tokens[path].tolist() + [bonus])
+        cache.commit_rows(kept_rows)
+        for slot, row in live.items():
+            path, new = new_rows[slot]
+            drafter = row.request.drafter
+            drafter.observe(new, feats[slot, kept_rows[slot]] if drafter.needs_hidden else None)
+            row.out.extend(new)
+            row.accept_lengths.append(len(new))
+            _record_nodes(row.nodes, trees[slot], len(row.rounds), path)
+        t3 = device_clock(self.device)
+        for slot, row in live.items():
+            tree = trees[slot]
+            row.rounds.append(RoundStats(len(tree), len(new_rows[slot][0]), draft_s[slot], draft_fwd[slot], t2 - t1,
+                                         (t3 - t2) / len(live), {**tree.meta, "batch_nodes": tokens.shape[1]}))
+
+    # -- the queue ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, queue: deque, on_finish: Callable[[BatchResult], None]) -> None:
+        """Decode every request of ``queue`` (``on_finish`` may append more) and report each as it ends."""
+        try:
+            self._run(queue, on_finish)
+        finally:
+            if self.tap is not None:
+                self.tap.close()
+                self.tap, self._tap_layers = None, None
+
+    def _run(self, queue: deque, on_finish) -> None:
+        cache = BatchCache(self.target, self.rows)
+        live: dict[int, _Row] = {}
+        wave: list[tuple[int, _Row]] = []  # static batching: the wave's finished rows, reported at its end
+        batch_id, wave_start = -1, None
+        while queue or live:
+            if queue and (self.refill or not live):
+                if not live:  # an empty batch takes a new id
+                    batch_id += 1
+                    wave_start = None
+                for slot in range(self.rows):
+                    while slot not in live and queue:
+                        req = queue.popleft()
+                        try:
+                            live[slot] = self._admit(req, slot, cache)
+                        except (ContextOverflowError, RuntimeError) as exc:
+                            cache.free(slot)
+                            on_finish(BatchResult(req, None, batch_id, slot, None, exc))
+                for slot in [s for s, r in live.items() if self._finished(r, cache.lengths[s])]:
+                    self._retire(live.pop(slot), slot, cache, batch_id, wave, on_finish)
+                if wave_start is None and live:
+                    wave_start = min(r.start for r in live.values())
+            if live:
+                self._round(live, cache)
+                for slot in [s for s, r in live.items() if self._finished(r, cache.lengths[s])]:
+                    self._retire(live.pop(slot), slot, cache, batch_id, wave, on_finish)
+            if not live and wave:  # static: the wave has drained
+                end = max(r.end for _, r in wave)
+                span = end - (wave_start if wave_start is not None else end)
+                for slot, row in wave:
+                    on_finish(BatchResult(row.request, self._output(row), batch_id, slot, span))
+                wave.clear()
+
+    def _retire(self, row: _Row, slot: int, cache: BatchCache, batch_id: int, wave: list, on_finish) -> None:
+        row.end = device_clock(self.device)
+        cache.free(slot)
+        if self.refill:
+            out = self._output(row)
+            on_finish(BatchResult(row.request, out, batch_id, slot, out.wall_time_s))
+        else:
+            wave.append((slot, row))

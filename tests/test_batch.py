@@ -1,0 +1,162 @@
+"""Batched decoding (``eagle2.core.batch_engine``) is lossless at every batch size: in fp32, greedy outputs at
+B = 2, 3, 4 with ragged prompts (more prompts than rows: freed rows are refilled, or the batch drains) are
+token-identical to batch-1 plain decoding for every method, each request with its own drafter and tree.
+At T > 0 every row with its own seeded generator decodes exactly what the batch-1 engine decodes.
+
+Negative controls, each caught: one prefix length for the whole batch (a row's queries see the stale entries
+between its own length and the batch width) and positions from the batch width instead of the row's own
+length.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import eagle2.core.batch_engine as batch_engine
+import eagle2.core.engine as engine
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from tests.conftest import shared_eagle3_head
+from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
+from tests.test_lossless_new_methods import GREEDY_METHODS
+from tests.test_medusa import tiny_medusa
+
+GREEDY = SamplingParams()
+METHODS = {"plain": {"name": "plain"}, **SPEC_METHODS, **GREEDY_METHODS,
+           "medusa": {"name": "medusa", "choices": [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]}}
+# ragged: lengths 3, 6, 1, 9, 4, 2 (six requests: every B < 6 refills or drains)
+PROMPTS = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [3], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10], [13, 2, 2, 7], [9, 4]]
+N = 30
+
+
+@pytest.fixture(scope="module")
+def weights(tiny):
+    target, draft, head = tiny
+    return {"head": head, "sps_draft": draft, "eagle3_head": shared_eagle3_head(target),
+            "medusa_head": tiny_medusa(target, num_heads=3)}
+
+
+def drafter(target, method, weights, params=GREEDY, generator=None):
+    return build_drafter(OmegaConf.create(method), target, params, generator, weights=weights)
+
+
+def batch_decode(target, method, weights, batch_size, refill=True, params=GREEDY, seeds=None, n=N, eos=()):
+    """Outputs (in prompt order) of the prompts decoded ``batch_size`` at a time, and the batch facts."""
+    gens = [None if seeds is None else torch.Generator().manual_seed(s) for s in (seeds or PROMPTS)]
+    queue = deque(batch_engine.BatchRequest(p, drafter(target, method, weights, params, g), n, g, key=i)
+                  for i, (p, g) in enumerate(zip(PROMPTS, gens)))
+    results = {}
+
+    def done(res):
+        assert res.error is None, res.error
+        results[res.request.key] = res
+
+    batch_engine.BatchEngine(target, params, set(eos), batch_size, refill=refill).run(queue, done)
+    return [results[i] for i in range(len(PROMPTS))]
+
+
+def single_decode(target, method, weights, params=GREEDY, seeds=None, n=N, eos=()):
+    outs = []
+    for i, prompt in enumerate(PROMPTS):
+        gen = None if seeds is None else torch.Generator().manual_seed(seeds[i])
+        outs.append(engine.generate(target, drafter(target, method, weights, params, gen), prompt, params, n,
+                                    set(eos), gen).output_ids)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def plain_refs(tiny, weights):
+    return single_decode(tiny[0], {"name": "plain"}, weights)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_batched_greedy_equals_plain(tiny, weights, plain_refs, name):
+    target = tiny[0]
+    for batch_size, refill in ((2, True), (3, False), (4, True)):
+        results = batch_decode(target, METHODS[name], weights, batch_size, refill)
+        assert [r.output.output_ids for r in results] == plain_refs, (batch_size, refill)
+        assert {r.batch_slot for r in results} == set(range(batch_size))
+        if not refill:  # static: two waves of three, each with its own id and one wall time
+            assert [r.batch_id for r in results] == [0, 0, 0, 1, 1, 1]
+            assert len({r.batch_wall_time_s for r in results[:3]}) == 1
+
+
+def test_batched_rounds_accept_different_lengths_per_row(tiny, weights):
+    results = batch_decode(tiny[0], METHODS["pld_tree"], weights, 3)
+    lengths = [r.output.accept_lengths for r in results]
+    assert any(a != b for a, b in zip(lengths[0], lengths[1]))  # rows committed different lengths
+    padded = [r for res in results for r in res.output.rounds if r.tree_size < r.drafter["batch_nodes"]]
+    assert padded  # some rounds padded a row's tree with dummy nodes
+
+
+def test_eos_and_max_new_tokens_per_row(tiny, weights, plain_refs):
+    eos = plain_refs[1][7]
+    results = batch_decode(tiny[0], METHODS["eagle2"], weights, 3, eos={eos}, n=N)
+    for ref, res in zip(plain_refs, results):
+        expect = ref[: ref.index(eos) + 1] if eos in ref else ref
+        assert res.output.output_ids == expect
+        assert sum(res.output.accept_lengths) == res.output.new_tokens - 1
+    short = batch_decode(tiny[0], METHODS["eagle2"], weights, 3, n=5)
+    assert [r.output.output_ids for r in short] == [ref[:5] for ref in plain_refs]
+
+
+def test_sampled_rows_equal_batch_one_with_their_seeds(tiny, weights):
+    params = SamplingParams(temperature=1.0)
+    seeds = [11, 12, 13, 14, 15, 16]
+    for name in ("plain", "sps", "eagle2", "pld"):
+        ref = single_decode(tiny[0], METHODS[name], weights, params, seeds)
+        for batch_size in (2, 4):
+            out = batch_decode(tiny[0], METHODS[name], weights, batch_size, params=params, seeds=seeds)
+            assert [r.output.output_ids for r in out] == ref, (name, batch_size)
+
+
+GOOD_INPUTS = batch_engine.verify_inputs
+
+
+def one_prefix_for_the_batch(trees, lengths, width, rows):
+    """Broken: every row's queries see the whole batch width as their prefix (shorter rows' stale entries too)."""
+    tokens, positions, _ = GOOD_INPUTS(trees, lengths, width, rows)
+    return tokens, positions, GOOD_INPUTS(trees, [width] * rows, width, rows)[2]
+
+
+def positions_from_the_width(trees, lengths, width, rows):
+    """Broken: position ids start at the batch width for every row."""
+    tokens, _, allowed = GOOD_INPUTS(trees, lengths, width, rows)
+    return tokens, GOOD_INPUTS(trees, [width] * rows, width, rows)[1], allowed
+
+
+@pytest.mark.parametrize("control", [one_prefix_for_the_batch, positions_from_the_width])
+def test_identity_check_catches_broken_batching(positional, monkeypatch, control):
+    target = positional  # sharp attention: outputs depend on positions (tests/test_greedy.py)
+    refs = single_decode(target, {"name": "plain"}, {})
+    assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] == refs
+    monkeypatch.setattr(batch_engine, "verify_inputs", control)
+    assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] != refs
+
+
+def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2):
+    """run.py's path: MT-bench turns (later turns queued behind their first) at batch_size=2 store the same
+    outputs as batch 1, with the batch fields; the batch keys enter the config hash only when B > 1."""
+    from eagle2.bench.results import config_hash
+    from eagle2.bench.runner import run
+    from tests.test_runner import config, rows
+
+    common = ["method=plain", "dataset=mt_bench", "dataset.limit=3", "max_new_tokens=8", "model.dtype=float32",
+              f"paths.results={tmp_path}"]
+    one = config(*common)
+    assert config_hash(one) == config_hash(config(*common, "batch_size=1", "batch_refill=false"))
+    assert config_hash(one) != config_hash(config(*common, "batch_size=2"))
+    run(one)
+    run(config(*common, "batch_size=2"))
+    by_size = {}
+    for r in rows(tmp_path):
+        by_size.setdefault(r["batch_size"], {})[(r["question_id"], r["turn"])] = r
+    assert len(by_size[2]) == 6 and by_size[2].keys() == by_size[1].keys()
+    for key, r in by_size[2].items():
+        assert r["output_ids"] == by_size[1][key]["output_ids"]
+        assert r["batch_slot"] in (0, 1) and r["batch_wall_time_s"] > 0
+    assert all(r["batch_id"] is None for r in by_size[1].values())
