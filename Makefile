@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-sps audit bench-table report train ablation gpu-check clean
+.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-sps audit bench-table report train ablation gpu-check gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,8 +47,19 @@ bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (t
 bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2 (bf16; DTYPE=float32 for exact)
 	$(PY) -m experiments.bench_sps_vs_assisted --dtype $(DTYPE)
 
-gpu-check: install  ## GPU readiness (~8 min, no hub): CUDA tests, SmolLM2 four methods + identity audit, verify-cost curves; CPU half without CUDA
+GPU_PYTHON ?= python3   # the GPU machine's own Python with its CUDA torch (never a venv, torch never reinstalled)
+GPU_WHEELS := omegaconf==2.3.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
+
+gpu-bundle:  ## pure-Python wheels the GPU image lacks (omegaconf, hydra-core, antlr4) into .gpu_bundle/ (carry it)
+	rm -rf .gpu_bundle
+	$(PYTHON) -m pip wheel -q --no-deps -w .gpu_bundle $(GPU_WHEELS)
+
+gpu-check: $(if $(filter 1,$(CPU_HALF)),install)  ## GPU readiness on the machine's own Python (no GPU: nothing to check); CPU_HALF=1: the CPU half
+ifeq ($(CPU_HALF),1)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m experiments.gpu_check --out $(RESULTS)/gpu_check
+else
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check
+endif
 
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0
 	$(PY) -m eagle2.identity $(RESULTS)

@@ -52,8 +52,9 @@ def _median_time(fn, reps: int, device) -> float:
 
 
 @torch.no_grad()
-def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float]:
-    """Median seconds of a target forward over a chain of q tree tokens after ``context`` tokens."""
+def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None) -> list[float]:
+    """Median seconds of a target forward over a chain of q tree tokens after ``context`` tokens.
+    ``timer(fn, reps, device, q)`` replaces the wall-clock median (e.g. GPU time by CUDA events)."""
     from eagle2.core.tree import DraftTree
 
     device = target.device
@@ -73,7 +74,7 @@ def measure_verify(target, *, context: int, max_q: int, reps: int) -> list[float
             target.lm_head(hidden[0])
             crop(cache, context)
 
-        out.append(_median_time(verify, reps, device))
+        out.append(timer(verify, reps, device, q) if timer else _median_time(verify, reps, device))
     return out
 
 

@@ -5,8 +5,9 @@
 special token ids). From them ``llama_config`` builds a config with fewer layers, or a narrower proxy
 (same heads, KV heads, vocabulary and RoPE; a smaller head dimension) where the real width does not
 fit, and ``random_llama`` a model with random weights initialised in one pass on the target device
-(no per-module init: a 7B model is ready in seconds on a GPU). Used by ``experiments.gpu_check``
-(verify-cost curves at the real shapes, no hub) and the zoo smoke tests (tests/test_zoo.py).
+(no per-module init: a 7B model is ready in seconds on a GPU; ``fill_random`` does the same for any
+module). Used by ``experiments.gpu_models`` (the GPU check's models at the real shapes, no hub) and the
+zoo smoke tests (tests/test_zoo.py).
 Nothing here downloads anything.
 """
 
@@ -69,11 +70,20 @@ def random_llama(config: LlamaConfig, device="cpu", dtype=torch.float32, seed: i
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(dtype)
     model = model.to_empty(device=device)  # allocated once, in the target dtype
+    fill_random(model, seed, std)
+    model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)  # its buffers were left empty (fp32)
+    return model.eval()
+
+
+@torch.no_grad()
+def fill_random(module: torch.nn.Module, seed: int = 0, std: float = 0.02) -> torch.nn.Module:
+    """Every parameter of ``module`` drawn uniform with standard deviation ``std`` on its own device,
+    norm weights (names ending in ``norm.weight``) set to 1; buffers untouched."""
+    device = next(module.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, param in model.named_parameters():
+    for name, param in module.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
         else:
             param.uniform_(-std * 3**0.5, std * 3**0.5, generator=gen)
-    model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)  # its buffers were left empty (fp32)
-    return model.eval()
+    return module

@@ -1,0 +1,317 @@
+# ruff: noqa: E501 (the stage table in the docstring)
+"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_models``): each
+stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
+
+| stage | what | ok means |
+|---|---|---|
+| ``audit_fp16`` | Vicuna-7B shape in fp16: plain and EAGLE-2 greedy on random prompts, identity audit against the fp32 model | 0 algorithmic, >= 1 draft token accepted |
+| ``audit_bf16`` | the same, LLaMA-3.1-8B shape in bf16 | the same |
+| ``exact_fp32`` | Vicuna-7B width at reduced depth in fp32 | EAGLE-2 identical to plain in every turn, >= 1 accepted |
+| ``verify_cost`` | T(q)/T(1), q = 1..max_q after a long context, both shapes: GPU time (CUDA events, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= wall time |
+| ``draft_cost`` | one EAGLE-2 drafting round at depths 1..D: EAGLE-1/2 head (Vicuna-7B), EAGLE-3 head (LLaMA-3.1-8B) | CUDA: each depth past the 2nd adds at most twice the 2nd's cost (+10% of T(1)) |
+| ``syncs`` | host-device syncs per EAGLE-2 round: implicit (``torch.cuda.set_sync_debug_mode``), explicit (``torch.cuda.synchronize``) | implicit <= 4 D + 8 per round (provisional until measured) |
+
+On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model
+config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small
+budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
+
+``python -m experiments.gpu_stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
+list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time
+limit, and keeps what a killed stage wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle2.core.engine import device_clock, generate
+from eagle2.core.sampling import SamplingParams
+from experiments import gpu_models as gm
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("audit_fp16", "audit_bf16", "exact_fp32", "verify_cost", "draft_cost", "syncs")
+LIMITS_S = {"audit_fp16": 75, "audit_bf16": 75, "exact_fp32": 45, "verify_cost": 100, "draft_cost": 50, "syncs": 45}
+AUDITED = {"audit_fp16": ("vicuna7b", torch.float16), "audit_bf16": ("llama31_8b", torch.bfloat16)}
+SHAPES = (("vicuna7b", torch.float16), ("llama31_8b", torch.bfloat16))  # as the authors run them
+VERIFY_RATIO_MAX = 2.0
+DRAFT_CRITERION = "each depth past the 2nd adds <= 2x the 2nd's cost + 10% T(1) (no growth with depth)"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big the stages run: the real shapes on CUDA, narrow proxies on a CPU."""
+
+    device: str
+    layers: int | None  # None: all
+    head_dim: int | None  # None: the real one
+    exact_layers: int
+    prompts: int
+    prompt_len: int
+    new_tokens: int
+    max_q: int
+    context: int
+    reps: int
+    budget: dict | None  # EAGLE-2 {total_tokens, depth, top_k}; None: the model config's
+
+
+def scale_for(device: str) -> Scale:
+    if torch.device(device).type == "cuda":
+        return Scale(device, None, None, 4, 2, 64, 128, 64, 512, 5, None)
+    return Scale(device, 2, 8, 2, 2, 16, 32, 8, 32, 2, {"total_tokens": 12, "depth": 3, "top_k": 4})
+
+
+def eagle2_budget(name: str, scale: Scale) -> dict:
+    """The model config's EAGLE-2 budget (conf/model/NAME.yaml ``eagle2``; read with yaml alone)."""
+    if scale.budget:
+        return dict(scale.budget)
+    import yaml
+
+    return dict(yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())["eagle2"])
+
+
+def drafter(head, target, budget: dict):
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    return Eagle2Drafter(head, target.lm_head, target.device, depth=int(budget["depth"]),
+                         top_k=int(budget["top_k"]), total_tokens=int(budget["total_tokens"]))
+
+
+def decode_pair(target, head, budget: dict, prompt: list[int], new_tokens: int):
+    """(plain decoding's output ids, EAGLE-2's GenerationOutput), greedy, no EOS."""
+    from eagle2.drafters.plain import PlainDrafter
+
+    plain = generate(target, PlainDrafter(), prompt, SamplingParams(), new_tokens, set()).output_ids
+    return plain, generate(target, drafter(head, target, budget), prompt, SamplingParams(), new_tokens, set())
+
+
+def _drafting(outs) -> dict:
+    accepted = sum(r.accepted for out in outs for r in out.rounds)
+    drafted = sum(r.tree_size - 1 for out in outs for r in out.rounds)
+    rounds = sum(len(out.rounds) for out in outs)
+    return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+            "tau": sum(sum(o.accept_lengths) for o in outs) / max(1, rounds)}
+
+
+# ---- the stages --------------------------------------------------------------------------------------
+
+def audit(stage: str, scale: Scale, emit) -> None:
+    from eagle2.bench.identity import classify, reference_logits, tolerance_measured
+    from eagle2.core.precision import dtype_name
+
+    name, dtype = AUDITED[stage]
+    config = gm.target_config(name, scale.layers, scale.head_dim)
+    reference = gm.peaked_target(config, scale.device)
+    target = gm.half_copy(reference, dtype)
+    head, budget = gm.planted_head(target), eagle2_budget(name, scale)
+    counts, outs, shares = {"identical": 0, "numeric": 0, "algorithmic": 0}, [], []
+    for i in range(scale.prompts):
+        prompt = gm.planted_prompt(target, scale.prompt_len, seed=100 + i)
+        plain, out = decode_pair(target, head, budget, prompt, scale.new_tokens)
+        record = classify(reference_logits(reference, prompt, out.output_ids), out.output_ids, plain,
+                          dtype_name(str(dtype)[6:]))
+        counts[record["status"]] += 1
+        outs.append(out)
+        shares.append(gm.rule_share(target, plain))
+    facts = _drafting(outs)
+    ok = counts["algorithmic"] == 0 and facts["accepted"] >= 1
+    emit({"stage": stage, "case": f"{name} shape, {dtype_name(str(dtype)[6:])}, EAGLE-2 {budget}",
+          "status": "ok" if ok else "failed", "criterion": "0 algorithmic, >= 1 accepted", "turns": scale.prompts,
+          **counts, **facts, "rule_share": statistics.mean(shares), "layers": config.num_hidden_layers,
+          "width": config.hidden_size, "tolerance_measured": tolerance_measured(str(dtype)[6:])})
+
+
+def exact_fp32(scale: Scale, emit) -> None:
+    name = "vicuna7b"
+    config = gm.target_config(name, scale.exact_layers, scale.head_dim)
+    target = gm.peaked_target(config, scale.device)
+    head, budget = gm.planted_head(target), eagle2_budget(name, scale)
+    same, outs = 0, []
+    for i in range(scale.prompts):
+        prompt = gm.planted_prompt(target, scale.prompt_len, seed=200 + i)
+        plain, out = decode_pair(target, head, budget, prompt, scale.new_tokens)
+        same += out.output_ids == plain
+        outs.append(out)
+    facts = _drafting(outs)
+    ok = same == scale.prompts and facts["accepted"] >= 1
+    emit({"stage": "exact_fp32", "case": f"{name} width, {config.num_hidden_layers} layers, float32",
+          "status": "ok" if ok else "failed", "criterion": "identical to plain in every turn, >= 1 accepted",
+          "turns": scale.prompts, "identical": same, **facts})
+
+
+def gpu_timer(wall: list[float]):
+    """A ``measure_verify`` timer: median GPU seconds between CUDA events around the forward, queued
+    behind a ``torch.cuda._sleep`` twice as long as its wall time, so the host's launches are hidden."""
+    per_ms = _sleep_cycles_per_ms()
+
+    def timer(fn, reps, device, q):
+        fn()
+        cycles = int(per_ms * max(2e3 * wall[q - 1], 2.0))
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+    return timer
+
+
+def _sleep_cycles_per_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)  # warm-up
+    start.record()
+    torch.cuda._sleep(10**7)
+    end.record()
+    end.synchronize()
+    return 10**7 / max(start.elapsed_time(end), 1e-3)
+
+
+def verify_cost(scale: Scale, emit) -> None:
+    from eagle2.drafters.cost_profile import measure_verify
+    from eagle2.heads.shapes import random_llama
+
+    cuda = torch.device(scale.device).type == "cuda"
+    for name, dtype in SHAPES:
+        config = gm.target_config(name, scale.layers, scale.head_dim)
+        start = device_clock(scale.device)
+        target = random_llama(config, device=scale.device, dtype=dtype)
+        build_s = device_clock(scale.device) - start
+        wall = measure_verify(target, context=scale.context, max_q=scale.max_q, reps=scale.reps)
+        gpu = measure_verify(target, context=scale.context, max_q=scale.max_q, reps=max(3, scale.reps - 2),
+                             timer=gpu_timer(wall)) if cuda else None
+        row = {"stage": "verify_cost", "case": f"{name} shape ({config.num_hidden_layers} layers x "
+               f"{config.hidden_size}, vocab {config.vocab_size}), {str(dtype)[6:]}", "context": scale.context,
+               "build_s": build_s, "T1_wall_ms": wall[0] * 1e3, "ratio_wall": [t / wall[0] for t in wall]}
+        finite = all(math.isfinite(t) and t > 0 for t in wall + (gpu or []))
+        if cuda:
+            ratio = [t / gpu[0] for t in gpu]
+            ok = finite and ratio[-1] <= VERIFY_RATIO_MAX and all(g <= 1.1 * w for g, w in zip(gpu, wall))
+            row.update(T1_gpu_ms=gpu[0] * 1e3, ratio_gpu=ratio,
+                       peak_memory_mb=torch.cuda.max_memory_allocated() / 2**20,
+                       criterion=f"GPU-time T({scale.max_q})/T(1) <= {VERIFY_RATIO_MAX}, GPU time <= 1.1 x wall")
+        else:
+            ok = finite
+            row["criterion"] = "positive finite times (the GPU-time criterion needs CUDA)"
+        emit({**row, "status": "ok" if ok else "failed"})
+        del target
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+
+def draft_cost(scale: Scale, emit) -> None:
+    from eagle2.drafters.cost_profile import measure_draft
+
+    cuda = torch.device(scale.device).type == "cuda"
+    for (name, dtype), build in zip(SHAPES, (gm.planted_head, gm.random_eagle3_head)):
+        config = gm.target_config(name, scale.layers, scale.head_dim)
+        target = gm.half_copy(gm.peaked_target(config, scale.device), dtype)
+        head, budget = build(target), eagle2_budget(name, scale)
+        times = measure_draft(target, head, lambda d, h=head, t=target, b=budget: drafter(h, t, {**b, "depth": d}),
+                              depth=int(budget["depth"]), context=scale.context, reps=scale.reps)
+        steps = [b - a for a, b in zip(times, times[1:])]  # the cost of one more depth
+        ok = all(math.isfinite(t) and t > 0 for t in times)
+        if cuda:  # a timing criterion needs a quiet device: a shared CPU's timings are noise
+            ok = ok and all(s <= 2 * steps[0] + 0.1 * times[0] for s in steps[1:])
+        emit({"stage": "draft_cost", "case": f"{type(head).__name__} on {name} shape, {str(dtype)[6:]}, "
+              f"top_k {budget['top_k']}", "status": "ok" if ok else "failed",
+              "criterion": DRAFT_CRITERION if cuda else "positive finite times (the growth criterion needs CUDA)",
+              "draft_ms": [t * 1e3 for t in times]})
+        del target, head
+
+
+def syncs(scale: Scale, emit) -> None:
+    name, dtype = SHAPES[0]
+    budget = eagle2_budget(name, scale)
+    limit = 4 * int(budget["depth"]) + 8
+    criterion = f"implicit syncs <= {limit} per round (4 per depth + 8; provisional until measured)"
+    if torch.device(scale.device).type != "cuda":
+        emit({"stage": "syncs", "case": "EAGLE-2 round", "status": "skipped", "criterion": criterion,
+              "reason": "torch.cuda.set_sync_debug_mode needs CUDA"})
+        return
+    target = gm.half_copy(gm.peaked_target(gm.target_config(name), scale.device), dtype)
+    head = gm.planted_head(target)
+    prompt = gm.planted_prompt(target, scale.prompt_len, seed=300)
+    generate(target, drafter(head, target, budget), prompt, SamplingParams(), 8, set())  # warm-up
+    explicit, real_sync = [0], torch.cuda.synchronize
+
+    def counted_sync(device=None):  # explicit syncs, counted apart from the implicit ones
+        explicit[0] += 1
+        torch.cuda.set_sync_debug_mode(0)
+        real_sync(device)
+        torch.cuda.set_sync_debug_mode(1)
+
+    torch.cuda.synchronize = counted_sync
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            out = generate(target, drafter(head, target, budget), prompt, SamplingParams(), scale.new_tokens, set())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize = real_sync
+    implicit = sum("synchroniz" in str(w.message) for w in caught)
+    rounds = len(out.rounds)
+    per_round = implicit / max(1, rounds)
+    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
+    emit({"stage": "syncs", "case": f"EAGLE-2 round, {name} shape, {str(dtype)[6:]}, {budget}",
+          "status": "ok" if per_round <= limit else "failed", "criterion": criterion, "rounds": rounds,
+          "implicit_per_round": per_round, "explicit_per_round": explicit[0] / max(1, rounds),
+          "implicit_sites": where[:40]})
+
+
+def run_stage(stage: str, scale: Scale, emit) -> None:
+    if stage in AUDITED:
+        audit(stage, scale, emit)
+    elif stage in RUNNERS:
+        RUNNERS[stage](scale, emit)
+    else:
+        raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+
+
+RUNNERS = {"exact_fp32": exact_fp32, "verify_cost": verify_cost, "draft_cost": draft_cost, "syncs": syncs}
+
+
+def row_writer(path: Path | None, rows: list[dict]):
+    """``emit(row)``: append, print one line, and rewrite ``path`` (atomically) with every row so far."""
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(f"[gpu-check] {row['stage']} | {row['case']} | {row['status']}", flush=True)
+        if path is not None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rows, indent=1, default=str))
+            os.replace(tmp, path)
+
+    return emit
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_stages", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=STAGES)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", type=Path, required=True, help="JSON list of the rows, rewritten after each")
+    args = ap.parse_args(argv)
+    rows: list[dict] = []
+    with torch.no_grad():
+        run_stage(args.stage, scale_for(args.device), row_writer(args.rows, rows))
+    return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
