@@ -88,6 +88,13 @@ def verify_inputs(trees: dict[int, DraftTree], lengths: list[int], width: int, r
     return tokens, positions, allowed
 
 
+def _forward_seconds(drafter) -> float:
+    """Seconds of the drafter's own model forwards so far in this generation (its ``spans``, or
+    ``forward_time`` for drafters without a model)."""
+    spans = getattr(drafter, "spans", None)
+    return spans.seconds() if spans is not None else drafter.forward_time
+
+
 class BatchEngine:
     """Decodes a queue of ``BatchRequest`` in ``batch_size`` rows (``run``)."""
 
@@ -146,9 +153,9 @@ class BatchEngine:
         trees, draft_s, draft_fwd = {}, {}, {}
         for slot, row in live.items():
             drafter = row.request.drafter
-            t0, f0 = device_clock(self.device), drafter.forward_time
+            t0, f0 = device_clock(self.device), _forward_seconds(drafter)
             trees[slot] = drafter.propose(row.out[-1], room=self.limit - cache.lengths[slot])
-            draft_s[slot], draft_fwd[slot] = device_clock(self.device) - t0, drafter.forward_time - f0
+            draft_s[slot], draft_fwd[slot] = device_clock(self.device) - t0, _forward_seconds(drafter) - f0
         t1 = device_clock(self.device)
         width = cache.width
         tokens, positions, allowed = verify_inputs(trees, cache.lengths, width, self.rows)
