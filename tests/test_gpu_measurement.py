@@ -19,6 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import eagle2.bench.rows as rows
 import eagle2.bench.runner as runner
 import eagle2.core.engine as engine
 from eagle2.bench.results import read_rows
@@ -69,8 +70,8 @@ def test_device_clock_synchronises_cuda(monkeypatch):
 def test_authors_budget_counts_the_root_and_the_first_layer(ours, theirs):
     total, depth, top_k = ours
     cfg = OmegaConf.create({"name": "eagle2", "total_tokens": total, "depth": depth, "top_k": top_k})
-    assert runner.authors_budget(cfg) == dict(zip(("total_token", "depth", "top_k"), theirs))
-    assert runner.authors_budget(OmegaConf.create({"name": "plain"})) == {}
+    assert rows.authors_budget(cfg) == dict(zip(("total_token", "depth", "top_k"), theirs))
+    assert rows.authors_budget(OmegaConf.create({"name": "plain"})) == {}
 
 
 def test_gpu_configs_reproduce_the_authors_evaluation_budget():
@@ -79,7 +80,7 @@ def test_gpu_configs_reproduce_the_authors_evaluation_budget():
     for model in ("vicuna7b", "vicuna13b", "llama2chat7b", "llama2chat13b", "llama2chat70b", "llama3_8b",
                   "llama3_70b"):
         cfg = config(f"model={model}", "method=eagle2")
-        assert runner.authors_budget(cfg.method) == {"total_token": 60, "depth": 5, "top_k": 10}, model
+        assert rows.authors_budget(cfg.method) == {"total_token": 60, "depth": 5, "top_k": 10}, model
 
 
 def _oom(*_args, **_kwargs):

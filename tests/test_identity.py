@@ -54,6 +54,7 @@ def test_classify_identical_numeric_and_algorithmic():
 def _config(*overrides):
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=["logger=none", "warmup_tokens=0", "dataset=mt_bench",
+                                            "model.dtype=bfloat16",  # whatever auto resolves to on this CPU
                                             "dataset.limit=1", "max_new_tokens=32", *overrides])
 
 

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from analysis.metrics import iter_rows
-from eagle2.bench import runner
+from eagle2.bench import rows, runner
 from eagle2.bench.chat import encode_conversation
 from eagle2.bench.resolvers import device_type
 from eagle2.bench.results import config_hash
@@ -85,8 +85,9 @@ def test_smollm2_config_hashes_unchanged(dtype, overrides):
 
 
 def test_llama31_prompt_uses_the_tokenizer_template_with_its_date_block(tmp_path):
-    from tests.zoo_fixtures import write_tokenizer
     from transformers import AutoTokenizer
+
+    from tests.zoo_fixtures import write_tokenizer
 
     tok = AutoTokenizer.from_pretrained(write_tokenizer(tmp_path, 128256))
     m = cfg_of("model=llama31_8b").model
@@ -99,13 +100,13 @@ def test_llama31_prompt_uses_the_tokenizer_template_with_its_date_block(tmp_path
 def test_stop_at_context_lets_a_long_prompt_decode_until_the_context_is_full():
     long = list(range(1500))  # Vicuna: 2048 context - 1024 new tokens leaves room for 1024
     cfg = cfg_of("model=vicuna7b")
-    assert runner.fit_prompt(long, cfg, 2048) == long
+    assert rows.fit_prompt(long, cfg, 2048) == long
     cfg.model.stop_at_context = False
     with pytest.raises(ContextOverflowError):
-        runner.fit_prompt(long, cfg, 2048)
+        rows.fit_prompt(long, cfg, 2048)
     cfg.model.stop_at_context = True
     with pytest.raises(ContextOverflowError):  # no room at all: still refused
-        runner.fit_prompt(list(range(2048)), cfg, 2048)
+        rows.fit_prompt(list(range(2048)), cfg, 2048)
 
 
 def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_rate(tmp_path, monkeypatch, capsys):

@@ -12,6 +12,7 @@ from collections import deque
 
 from eagle2.bench.chat import encode_conversation
 from eagle2.bench.methods import build_drafter
+from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,6 @@ log = logging.getLogger(__name__)
 
 def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
                    fingerprints, kernels, logger) -> None:
-    from eagle2.bench.runner import (_row_generator, failed_row, fit_prompt, make_row, summarize)
-
     queue: deque = deque()
 
     def enqueue(q, turn: int, answers: list[str]) -> None:
@@ -35,7 +34,7 @@ def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, par
         except ValueError as exc:
             store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
             return
-        gen = _row_generator(cfg.seed, q["question_id"], turn, target.device)
+        gen = row_generator(cfg.seed, q["question_id"], turn, target.device)
         drafter = build_drafter(cfg.method, target, params, gen, weights=weights)
         queue.append(BatchRequest(prompt, drafter, int(cfg.max_new_tokens), gen, key=(q, turn, answers)))
 

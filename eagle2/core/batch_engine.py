@@ -26,8 +26,16 @@ import torch
 from eagle2.core.accept import accept_greedy, accept_stochastic
 from eagle2.core.batch_cache import BatchCache
 from eagle2.core.cache import forward_target, new_cache
-from eagle2.core.engine import (ContextOverflowError, GenerationOutput, RoundStats, _feature_tap, _record_nodes,
-                                _trim, _trim_lengths, device_clock)
+from eagle2.core.engine import (
+    ContextOverflowError,
+    GenerationOutput,
+    RoundStats,
+    _feature_tap,
+    _record_nodes,
+    _trim,
+    _trim_lengths,
+    device_clock,
+)
 from eagle2.core.sampling import SamplingParams, next_token, probabilities
 from eagle2.core.tree import DraftTree, additive_mask
 

@@ -13,6 +13,7 @@ compile on a CPU, measured in README, "Speed").
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -24,10 +25,21 @@ log = logging.getLogger(__name__)
 KERNELS = ("auto", "packed", "stock")
 
 
+@functools.cache
 def packing_available() -> bool:
+    """Whether this torch and this CPU can pack a bf16 linear for oneDNN: the op exists, and oneDNN's bf16
+    path accepts the CPU (it refuses one without AVX512BW/VL/DQ or AVX-NE-CONVERT, e.g. AVX2-only CPUs);
+    probed once on a tiny weight."""
     ops = getattr(torch.ops, "mkldnn", None)
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    try:
+        packed = ops._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16), None)
+        ops._linear_pointwise(torch.zeros(1, 8, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):

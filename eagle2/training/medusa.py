@@ -221,8 +221,8 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     from eagle2.heads.medusa_heads import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
     from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import load_sequences, split_shards
-    from eagle2.training.models import export_dtype
     from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
+    from eagle2.training.models import export_dtype
 
     mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
     t0 = time.time()

@@ -1,0 +1,126 @@
+"""One stored row per decoded question turn, shared by the sequential runner and the batched path.
+
+``make_row`` turns a decode's output into the row (every field the schema in ``row_schema`` checks),
+``failed_row`` records a turn or a whole run that failed, ``summarize`` totals a run's rows, and
+``fit_prompt`` / ``row_generator`` give each turn its context-fitted prompt and its own sampling stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eagle2.bench.results import ResultStore
+from eagle2.bench.row_schema import check_row
+from eagle2.core.cpu import cpu_kind
+from eagle2.core.engine import ContextOverflowError
+from eagle2.core.precision import dtype_name
+
+log = logging.getLogger(__name__)
+
+
+def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
+    room = context - int(cfg.max_new_tokens)
+    if len(prompt) <= room:
+        return prompt
+    if cfg.model.get("stop_at_context") and len(prompt) < context:
+        return prompt  # decoding stops when the context is full (the authors' max_length stop)
+    if not cfg.truncate_long_prompts:
+        raise ContextOverflowError(
+            f"prompt has {len(prompt)} tokens but the context of {context} leaves room for {room} with "
+            f"max_new_tokens={cfg.max_new_tokens}; lower max_new_tokens or set truncate_long_prompts=true")
+    log.warning("prompt of %d tokens truncated to its last %d", len(prompt), room)
+    return prompt[-room:]
+
+
+def row_generator(seed: int, question_id, turn: int, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(zlib.crc32(f"{seed}/{question_id}/{turn}".encode()))
+    return gen
+
+
+def authors_budget(method_cfg) -> dict:
+    """This method's tree budget as the EAGLE authors' code counts it (their ``total_token`` counts the
+    root, their ``depth`` the expansions after the first layer: ours (8, 3, 4) = their (9, 2, 4); ``auto``
+    is their -1); empty for methods without a (total_tokens, depth, top_k) budget."""
+    if not all(method_cfg.get(k) is not None for k in ("total_tokens", "depth", "top_k")):
+        return {}
+    total = method_cfg.total_tokens
+    return {"total_token": -1 if str(total) == "auto" else int(total) + 1, "depth": int(method_cfg.depth) - 1,
+            "top_k": int(method_cfg.top_k)}
+
+
+def _peak_memory_mb(device) -> float | None:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except ImportError:
+        return None
+
+
+def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
+             batch: dict | None = None) -> dict:
+    records = [r.record() for r in out.rounds]
+    rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
+    decoded = sum(out.accept_lengths)
+    return checked({
+        "question_id": question["question_id"], "turn": turn, "category": question.get("category"),
+        "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
+        "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
+        "seed": int(cfg.seed), "max_new_tokens": int(cfg.max_new_tokens), "config_hash": chash,
+        "dtype": dtype_name(cfg.model.dtype), "status": "ok", "error": None,
+        "prompt_tokens": len(prompt), "prompt_ids": list(prompt), "new_tokens": out.new_tokens,
+        "wall_time_s": out.wall_time_s,
+        "prefill_time_s": out.prefill_time_s, "target_forwards": out.target_forwards,
+        "tokens_per_s": decoded / out.wall_time_s if out.wall_time_s > 0 else None,
+        "e2e_tokens_per_s": end_to_end_rate(out.new_tokens, out.prefill_time_s, out.wall_time_s),
+        "tau": decoded / out.target_forwards if out.target_forwards else None,
+        "accept_lengths": out.accept_lengths, "output_ids": out.output_ids,
+        "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
+        "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
+        "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
+        "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "timestamp": time.time(),
+        "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
+        **(batch or {}),
+    })
+
+
+def end_to_end_rate(new_tokens: int, prefill_s: float, decode_s: float) -> float | None:
+    """New tokens over the whole generation, prefill included (the authors' tokens/s: their clock
+    starts before the prompt's forward)."""
+    total = prefill_s + decode_s
+    return new_tokens / total if total > 0 else None
+
+
+def checked(row: dict) -> dict:
+    check_row(row)
+    return row
+
+
+def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> dict:
+    return checked({"question_id": question_id, "turn": turn, "dataset": cfg.dataset.name, "model": cfg.model.name,
+                    "method": cfg.method.name, "temperature": float(cfg.temperature), "seed": int(cfg.seed),
+                    "dtype": dtype_name(cfg.model.dtype), "config_hash": chash, "status": "failed",
+                    "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time(), **extra})
+
+
+def summarize(store: ResultStore, questions: list[dict]) -> dict:
+    """Totals over this run's question turns (tokens/s as total tokens over total decode time)."""
+    ids = {q["question_id"] for q in questions}
+    rows = [r for (qid, _), r in store.done.items() if qid in ids]
+    decoded = sum(sum(r["accept_lengths"]) for r in rows)
+    wall = sum(r["wall_time_s"] for r in rows)
+    prefill = sum(r.get("prefill_time_s") or 0.0 for r in rows)
+    forwards = sum(r["target_forwards"] for r in rows)
+    new_tokens = sum(r["new_tokens"] for r in rows)
+    return {"turns": len(rows), "new_tokens": new_tokens,
+            "decode_time_s": wall, "tokens_per_s": decoded / wall if wall else None,
+            "prefill_time_s": prefill, "e2e_tokens_per_s": end_to_end_rate(new_tokens, prefill, wall),
+            "tau": decoded / forwards if forwards else None, "results": str(store.rows_path)}
