@@ -100,6 +100,22 @@ def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("stale", ['{"verify_s": [1.0], "draft_s": [], "context": 8, "meta": {}, "rows": 2}',
+                                   '{"verify_s": [1.0', ""])
+def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale):
+    """A cached profile in another version's format (an unknown field), torn or empty is measured again
+    and rewritten, not a crash."""
+    target, head = tiny
+    monkeypatch.setattr(cp, "_loaded", {})
+    prof = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(stale)
+    monkeypatch.setattr(cp, "_loaded", {})
+    again = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
+    assert len(again.verify_s) == len(prof.verify_s) == 4
+    assert json.loads(path.read_text())["verify_s"] == again.verify_s
+
+
 def test_auto_budget_is_recorded_per_round(tiny, tmp_path):
     target, head = tiny
     # a profile where verifying more than 3 tokens is very expensive: the budget must stay <= 2

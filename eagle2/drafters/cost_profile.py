@@ -115,6 +115,19 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
     return hashlib.sha1(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def read_profile(path: Path) -> CostProfile | None:
+    """The profile cached at ``path``; None when there is none or it cannot be read (a torn write, another
+    version's format): then it is measured again and rewritten, with a warning."""
+    if not path.exists():
+        return None
+    try:
+        return CostProfile(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError; unknown/missing fields: TypeError
+        print(f"[eagle2] the cached cost profile {path} cannot be read ({type(exc).__name__}: {exc}); "
+              "measuring it again", flush=True)
+        return None
+
+
 def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k: int,
                 profile_dir: str | Path | None = None, remeasure: bool = False, context: int = 256, max_q: int = 64,
                 reps: int = 5) -> CostProfile:
@@ -124,9 +137,8 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
     if key in _loaded:  # reprofile means once per process, not once per drafter
         return _loaded[key]
-    if not remeasure and path.exists():
-        profile = CostProfile(**json.loads(path.read_text()))
-    else:
+    profile = None if remeasure else read_profile(path)
+    if profile is None:
         context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
         print(f"[eagle2] measuring the cost profile (verify q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
