@@ -11,9 +11,14 @@ the sum of ``prefill_time_s + wall_time_s``.
 from __future__ import annotations
 
 
+def _number(value) -> float | None:
+    """None for a missing value (None, or NaN as pandas fills it)."""
+    return None if value is None or value != value else float(value)
+
+
 def row_span(row: dict) -> tuple[float, float] | None:
     """A batched row's (start, end) in Unix seconds, or None when the row has no batch times."""
-    start, a, r = row.get("batch_run_start"), row.get("batch_admitted_at"), row.get("batch_retired_at")
+    start, a, r = (_number(row.get(k)) for k in ("batch_run_start", "batch_admitted_at", "batch_retired_at"))
     if start is None or a is None or r is None:
         return None
     return start + a, start + r
@@ -32,7 +37,7 @@ def union_length(spans: list[tuple[float, float]]) -> float:
 def wall_span(rows: list[dict]) -> float:
     """Seconds the rows took together: the union of the batched rows' spans plus the others' own times."""
     spans = [s for s in map(row_span, rows) if s is not None]
-    alone = sum((r.get("prefill_time_s") or 0.0) + r["wall_time_s"] for r in rows if row_span(r) is None)
+    alone = sum((_number(r.get("prefill_time_s")) or 0.0) + r["wall_time_s"] for r in rows if row_span(r) is None)
     return union_length(spans) + alone
 
 
@@ -44,7 +49,8 @@ def batch_throughput(rows: list[dict]) -> dict:
         return {"throughput_tokens_per_s": None, "wall_span_s": 0.0, "request_tokens_per_s": None,
                 "mean_latency_s": None}
     span = wall_span(rows)
-    rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s") is not None]
+    latency = [(_number(r.get("prefill_time_s")) or 0.0) + r["wall_time_s"] for r in rows]
+    rates = [v for v in (_number(r.get("tokens_per_s")) for r in rows) if v is not None]
     return {"throughput_tokens_per_s": sum(r["new_tokens"] for r in rows) / span if span > 0 else None,
             "wall_span_s": span, "request_tokens_per_s": sum(rates) / len(rates) if rates else None,
-            "mean_latency_s": sum((r.get("prefill_time_s") or 0.0) + r["wall_time_s"] for r in rows) / len(rows)}
+            "mean_latency_s": sum(latency) / len(latency)}
