@@ -85,3 +85,20 @@ def test_figure_and_report_section(tmp_path):
     assert "6.67 (1.67x)" in (tmp_path / "report" / "batch_scaling.md").read_text()
     csv = pd.read_csv(tmp_path / "report" / "batch_scaling.csv")
     assert csv.set_index(["method", "batch_size"]).speedup[("eagle2", 1)] == pytest.approx(2.0)
+
+
+def test_batch_scaling_experiments_compose():
+    """``experiment=batch_scaling`` sweeps B = 1, 2, 4, 8 x five methods on 10 MT-bench questions on CPU;
+    ``batch_scaling_gpu`` sweeps B = 1..64 on every question on a GPU; each cell hashes its batch size."""
+    from eagle2.bench.results import config_hash
+    from tests.test_harness import compose_cfg
+
+    cpu = compose_cfg("experiment=batch_scaling", hydra_cfg=True)
+    assert dict(cpu.hydra.sweeper.params) == {"batch_size": "1,2,4,8", "method": "plain,sps,eagle2,eagle3,pld"}
+    assert cpu.dataset.name == "mt_bench" and cpu.dataset.limit == 10 and cpu.paths.results == "results/batch_scaling"
+    gpu = compose_cfg("experiment=batch_scaling_gpu", "model=vicuna7b", hydra_cfg=True)
+    assert gpu.hydra.sweeper.params.batch_size == "1,2,4,8,16,32,64" and gpu.dataset.limit is None
+    assert gpu.hydra.sweeper.params.method == cpu.hydra.sweeper.params.method
+    cells = {b: compose_cfg("experiment=batch_scaling", f"batch_size={b}", "method=eagle2") for b in (1, 2, 8)}
+    assert {b: c.batch_size for b, c in cells.items()} == {1: 1, 2: 2, 8: 8}
+    assert len({config_hash(c) for c in cells.values()}) == 3
