@@ -88,7 +88,7 @@ def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling") 
     paths = []
     for i, (key, g) in enumerate(table.groupby(SETTING, sort=False)):
         with plt.rc_context(PAPER_STYLE):
-            fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(6.75, 2.4))
+            fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(6.75, 2.4), layout="constrained")
             for method, m in sorted(g.groupby("method"), key=lambda kv: _method_key(kv[0])):
                 m = m.sort_values("batch_size")
                 label = NAMES.get(method, method.upper())
@@ -100,9 +100,10 @@ def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling") 
                 ax.set_xticks(sizes, [str(b) for b in sizes])
                 ax.set_xlabel("batch size B")
                 ax.grid(alpha=0.3)
+                ax.set_ylim(bottom=0)
             ax_s.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax_t.set_ylabel("throughput (tokens/s)")
-            ax_s.set_ylabel("speedup over plain at the same B")
+            ax_s.set_ylabel("speedup over plain (same B)")
             ax_t.legend(frameon=False)
             fig.suptitle(f"{key[0]} on {key[1]}, T={key[2]:g}", fontsize=9)
             suffix = "" if i == 0 else f"_{key[0]}_{key[1]}_T{key[2]:g}"
