@@ -12,7 +12,12 @@ Requests come from a queue the caller may append to while decoding (a later MT-b
 first turn's answer). ``refill=True`` (continuous batching) gives a freed row to the next queued request at
 once; ``refill=False`` (static) lets the batch drain and then admits the next wave. Each finished request is
 handed to ``on_finish`` with its ``GenerationOutput`` (``wall_time_s``: the span it was in flight) and its
-batch facts (``batch_wall_time_s``: the wave's decode time when static, the row's span when continuous).
+batch facts (``batch_wall_time_s``: the wave's decode time when static, the row's span when continuous;
+``admitted_at`` / ``retired_at``: seconds from the run's start to its prefill's start / to leaving its row,
+and ``run_started``, the run's Unix time, from which the batch's wall span and throughput follow).
+
+The target's LM head runs once per round over every live row's real tree nodes (one matmul, not B), and a
+round's accepted entries move into place with one gather per layer for all rows (``BatchCache.commit_rows``).
 """
 
 from __future__ import annotations
