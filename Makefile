@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-sps audit bench-table report train ablation gpu-check gpu-bundle clean
+.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-batch bench-sps audit bench-table report train ablation gpu-check gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/pa
 
 bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
 	$(PY) -m experiments.bench_plain_vs_generate --dtype $(DTYPE)
+
+bench-batch: install  ## throughput and speedup over plain at B = 1, 2, 4, 8, five methods, MT-bench first turns, 1 thread (~20 min)
+	$(PY) -m experiments.bench_batch --limit 8 --max-new-tokens 32 --threads 1
 
 bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2 (bf16; DTYPE=float32 for exact)
 	$(PY) -m experiments.bench_sps_vs_assisted --dtype $(DTYPE)

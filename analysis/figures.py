@@ -27,7 +27,7 @@ FULL_WIDTH = 6.75  # inches: a two-column paper's text width
 PAPER_STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7,
                "xtick.labelsize": 7, "ytick.labelsize": 7, "savefig.dpi": 300, "savefig.bbox": "tight",
                "pdf.fonttype": 42, "axes.spines.top": False, "axes.spines.right": False}
-NAMES = {"plain": "Plain", "sps": "SpS", "eagle": "EAGLE", "eagle2": "EAGLE-2", "pld": "PLD",
+NAMES = {"plain": "Plain", "sps": "SpS", "eagle": "EAGLE", "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "pld": "PLD",
          "eagle2+lookup": "EAGLE-2 + lookup", "oracle": "Oracle"}
 
 

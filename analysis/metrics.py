@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.throughput import batch_throughput
 from eagle2.bench.results import read_rows
 
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
@@ -81,7 +82,10 @@ def _aggregate(g: pd.DataFrame) -> dict:
             # tokens per round, 1 + sum of the verified path values: beside tau, a calibration check
             "mean_budget": _round_mean(g.rounds, "budget"),
             "expected_tau": _round_mean(g.rounds, "expected_tokens"),
-            "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan}
+            "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan,
+            # batched decoding: all new tokens over the batch's wall span (analysis.throughput); batch 1: e2e rate
+            "batch_size": int(g.batch_size.max()) if "batch_size" in g and g.batch_size.notna().any() else 1,
+            "throughput_tokens_per_s": batch_throughput(g.to_dict("records"))["throughput_tokens_per_s"]}
 
 
 def _end_to_end(g: pd.DataFrame) -> float:
@@ -99,7 +103,7 @@ def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
     first = g.iloc[0]
     mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
         rows.temperature == first.temperature)
-    for key in ("max_new_tokens", "seed", "dtype"):
+    for key in ("max_new_tokens", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
         if key in rows and pd.notna(first.get(key)):
             mask &= rows[key] == first[key]
     base = rows[mask]

@@ -8,6 +8,8 @@ Reads every row and per-node record under RESULTS_DIR (``analysis.metrics``) and
 - ``speedup_bars``, ``calibration``, ``acceptance_by_position``, ``tree_budget``: figures, PNG and PDF;
 - ``calibration.csv``, ``acceptance_by_rank.csv``, ``acceptance_by_position.csv``, ``tree_budget.csv``,
   ``failures.csv``: the numbers behind them;
+- ``batch_scaling.md`` / ``.csv`` / figure: throughput and speedup over batched plain against the batch size
+  (rows of several ``batch_size``: ``experiment=batch_scaling``);
 - ``oracle_efficiency.md`` / ``.csv``: each config's tau as a share of the oracle's (``method=oracle``,
   the tau ceiling at that draft depth; the oracle is labelled as such and is no Table 1 row);
 - ``identity.csv``: per greedy speculative config, turns identical to plain decoding, numeric and
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import figures
+from analysis import batch_scaling, figures
 from analysis.identity import identity_table
 from analysis.metrics import (
     acceptance_by_rank,
@@ -100,6 +102,9 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     rep.csv(table, "methods.csv", "per config: tokens/s, speedup over plain, tau, time shares")
     if not (rows.method == "plain").any():
         rep.notes.append("no plain rows: every speedup reads 'no baseline'")
+    if batch_scaling.has_batch_sweep(rows) and (rows.batch_size.fillna(1) == 1).any():
+        rows = rows[rows.batch_size.fillna(1) == 1]
+        rep.notes.append("Table 1 shows batch-1 rows only (batched rows: batch_scaling.md)")
     cells, notes = table1_frame(rows, published)
     rep.notes += notes
     if published.empty:
@@ -115,6 +120,16 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     paths, notes = figures.speedup_bars(cells, rep.out)
     rep.notes += notes
     rep.add(paths, "speedup over plain per benchmark and method (Fig. 1 style)")
+
+
+def _batch_scaling(rep: Report, rows: pd.DataFrame) -> None:
+    if not batch_scaling.has_batch_sweep(rows):
+        rep.notes.append("no rows of two or more batch sizes: no speedup-versus-batch curve")
+        return
+    table = batch_scaling.scaling_table(rows)
+    rep.csv(table, "batch_scaling.csv", "per method and batch size: throughput, speedup over plain at that B")
+    rep.text(batch_scaling.scaling_markdown(table), "batch_scaling.md", "throughput and speedup per batch size")
+    rep.add(batch_scaling.scaling_figure(table, rep.out), "throughput and speedup over batched plain against B")
 
 
 def _calibration(rep: Report, nodes: pd.DataFrame) -> None:
@@ -261,6 +276,7 @@ def build_report(results: str | Path, out: str | Path, published: str | Path = P
     rep.section("per-position acceptance", _positions, rows)
     rep.section("oracle efficiency", _oracle, rows)
     rep.section("tree budget", _tree_budget, rows)
+    rep.section("batch scaling", _batch_scaling, rows)
     rep.section("identity", _identity, results, rows)
     if use_wandb:
         rep.section("wandb", _wandb, nodes, wandb_project, results)

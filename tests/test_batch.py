@@ -130,7 +130,7 @@ def positions_from_the_width(trees, lengths, width, rows):
 
 
 @pytest.mark.parametrize("control", [one_prefix_for_the_batch, positions_from_the_width])
-def test_identity_check_catches_broken_batching(positional, monkeypatch, control):
+def test_identity_check_catches_broken_batching(positional, monkeypatch, control):  # noqa: F811
     target = positional  # sharp attention: outputs depend on positions (tests/test_greedy.py)
     refs = single_decode(target, {"name": "plain"}, {})
     assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] == refs
@@ -159,4 +159,21 @@ def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2)
     for key, r in by_size[2].items():
         assert r["output_ids"] == by_size[1][key]["output_ids"]
         assert r["batch_slot"] in (0, 1) and r["batch_wall_time_s"] > 0
-    assert all(r["batch_id"] is None for r in by_size[1].values())
+        assert 0 <= r["batch_admitted_at"] < r["batch_retired_at"] and r["batch_run_start"] > 0
+    assert all(r["batch_id"] is None and r["batch_admitted_at"] is None for r in by_size[1].values())
+
+
+def test_one_lm_head_call_per_round_covers_every_row(tiny, weights, plain_refs, monkeypatch):
+    """The target's LM head runs once per round for all live rows (plus once per admitted prompt), not B times."""
+    target, calls, rounds = tiny[0], [], []
+    handle = target.lm_head.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    real_round = batch_engine.BatchEngine._round
+    monkeypatch.setattr(batch_engine.BatchEngine, "_round",
+                        lambda self, live, cache: rounds.append(len(live)) or real_round(self, live, cache))
+    try:
+        results = batch_decode(target, {"name": "plain"}, weights, 3)
+    finally:
+        handle.remove()
+    assert [r.output.output_ids for r in results] == plain_refs
+    assert len(calls) == len(PROMPTS) + len(rounds)
+    assert max(rounds) == 3 and calls.count(3) >= 1  # a full round: one call over its three rows' nodes

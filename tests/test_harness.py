@@ -62,7 +62,7 @@ def test_experiment_sweeps_and_scales(name):
     params = OmegaConf.to_container(cpu.hydra.sweeper.params)
     assert params and all(isinstance(v, str) and v for v in params.values())  # a sweep, not a single run
     assert cpu.paths.results == f"results/{name}" and cpu.logger.name == "none"
-    assert 1 <= cpu.dataset.limit <= 5 and cpu.max_new_tokens == 64
+    assert 1 <= cpu.dataset.limit <= 10 and cpu.max_new_tokens == 64  # batch_scaling: 10 (20 turns > B=8)
     if name == "fig1":
         assert cpu.temperature == 1.0 and cpu.dataset.name == "mt_bench"
         assert params == {"method": "plain,sps,eagle,eagle2"}

@@ -2,13 +2,17 @@
 
 First turns are queued at once; a later turn of a question is queued when its earlier turn finishes (it
 needs that answer). Each finished turn is stored as its row at once, with ``batch_size``, ``batch_id``,
-``batch_slot`` and ``batch_wall_time_s``; a failed turn is stored as a failed row and its later turns skipped.
+``batch_slot``, ``batch_wall_time_s`` and its span in the run (``batch_admitted_at``, ``batch_retired_at``,
+``batch_run_start``: the summary's batch throughput); a failed turn is stored as a failed row and its later
+turns skipped.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+
+from omegaconf import OmegaConf
 
 from eagle2.bench.chat import encode_conversation
 from eagle2.bench.methods import build_drafter
@@ -21,6 +25,8 @@ log = logging.getLogger(__name__)
 def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
                    fingerprints, kernels, logger) -> None:
     queue: deque = deque()
+    method = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
+    method.verify_rows = int(cfg.batch_size)  # an auto budget prices a round at this batch size (T_B(q))
 
     def enqueue(q, turn: int, answers: list[str]) -> None:
         while turn < len(q["turns"]) and store.finished(q["question_id"], turn):
@@ -35,7 +41,7 @@ def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, par
             store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
             return
         gen = row_generator(cfg.seed, q["question_id"], turn, target.device)
-        drafter = build_drafter(cfg.method, target, params, gen, weights=weights)
+        drafter = build_drafter(method, target, params, gen, weights=weights)
         queue.append(BatchRequest(prompt, drafter, int(cfg.max_new_tokens), gen, key=(q, turn, answers)))
 
     def finished(res) -> None:
@@ -44,7 +50,9 @@ def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, par
             log.error("question %s turn %d failed: %s", q["question_id"], turn, res.error)
             store.append(failed_row(cfg, chash, q["question_id"], turn, res.error))
             return
-        batch = {"batch_id": res.batch_id, "batch_slot": res.batch_slot, "batch_wall_time_s": res.batch_wall_time_s}
+        batch = {"batch_id": res.batch_id, "batch_slot": res.batch_slot, "batch_wall_time_s": res.batch_wall_time_s,
+                 "batch_admitted_at": res.admitted_at, "batch_retired_at": res.retired_at,
+                 "batch_run_start": res.run_started}
         row = make_row(cfg, chash, q, turn, res.request.prompt_ids, res.output, tokenizer, fingerprints, kernels,
                        batch)
         store.append(row, res.output.nodes)

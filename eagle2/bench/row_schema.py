@@ -19,7 +19,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt_tokens": (int,), "prompt_ids": (list,), "new_tokens": (int,), "output_ids": (list,),
     "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),
     "wall_time_s": NUMBER, "prefill_time_s": NUMBER, "tokens_per_s": OPTIONAL_NUMBER, "tau": OPTIONAL_NUMBER,
-    "e2e_tokens_per_s": OPTIONAL_NUMBER,  # new_tokens / (prefill + decode time): the authors' rate (tokens_per_s: decode only)
+    # new_tokens / (prefill + decode time): the authors' rate (tokens_per_s: decode only)
+    "e2e_tokens_per_s": OPTIONAL_NUMBER,
     "rounds": (dict,),  # per-round facts, column-wise: eagle2.core.engine.RoundStats fields + drafter facts
     "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
     "method_config": (dict,),
@@ -30,7 +31,11 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
     "batch_id": (int, type(None)),  # the same for rows decoded together (None at batch 1)
     "batch_slot": (int, type(None)),  # the row of the batch this turn was decoded in
-    "batch_wall_time_s": OPTIONAL_NUMBER,  # the batch's decode wall time (continuous batching: this row's span in flight)
+    # the batch's decode wall time (continuous batching: this row's span in flight)
+    "batch_wall_time_s": OPTIONAL_NUMBER,
+    "batch_admitted_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn's admission (its prefill)
+    "batch_retired_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn leaving its row
+    "batch_run_start": OPTIONAL_NUMBER,  # Unix time the batch run started (spans of separate runs never overlap)
     "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",

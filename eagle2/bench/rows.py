@@ -14,6 +14,7 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.throughput import batch_throughput
 from eagle2.bench.results import ResultStore
 from eagle2.bench.row_schema import check_row
 from eagle2.core.cpu import cpu_kind
@@ -88,7 +89,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "timestamp": time.time(),
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
-        **(batch or {}),
+        "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
     })
 
 
@@ -112,7 +113,9 @@ def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> di
 
 
 def summarize(store: ResultStore, questions: list[dict]) -> dict:
-    """Totals over this run's question turns (tokens/s as total tokens over total decode time)."""
+    """Totals over this run's question turns (tokens/s as total tokens over total decode time); for rows
+    decoded in batches also the batch throughput (all new tokens over the batch's wall span), the mean
+    per-request decode rate and the mean request latency (``analysis.throughput``)."""
     ids = {q["question_id"] for q in questions}
     rows = [r for (qid, _), r in store.done.items() if qid in ids]
     decoded = sum(sum(r["accept_lengths"]) for r in rows)
@@ -123,4 +126,5 @@ def summarize(store: ResultStore, questions: list[dict]) -> dict:
     return {"turns": len(rows), "new_tokens": new_tokens,
             "decode_time_s": wall, "tokens_per_s": decoded / wall if wall else None,
             "prefill_time_s": prefill, "e2e_tokens_per_s": end_to_end_rate(new_tokens, prefill, wall),
-            "tau": decoded / forwards if forwards else None, "results": str(store.rows_path)}
+            "tau": decoded / forwards if forwards else None, "results": str(store.rows_path),
+            "batch_size": max((int(r.get("batch_size") or 1) for r in rows), default=1), **batch_throughput(rows)}

@@ -251,4 +251,14 @@ def format_summary(cfg, s: dict) -> str:
     return (f"[eagle2] summary {cfg.model.name}/{cfg.method.name}/{cfg.dataset.name} T={cfg.temperature}: "
             f"{s['turns']} turns, {s['new_tokens']} new tokens, {tps} tokens/s (decode), "
             f"{e2e} tokens/s (end to end, prefill included), tau {tau}\n"
+            + (_batch_line(s) if s.get("batch_size", 1) > 1 else "") +
             f"[eagle2] rows: {s['results']}")
+
+
+def _batch_line(s: dict) -> str:
+    """The batch's throughput beside what one request sees (rows.summarize, analysis.throughput)."""
+    def num(key, unit):
+        return f"{s[key]:.2f}{unit}" if s.get(key) is not None else "n/a"
+    return (f"[eagle2] batch {s['batch_size']}: {num('throughput_tokens_per_s', ' tokens/s')} throughput (all new "
+            f"tokens / the batch's wall span {s['wall_span_s']:.1f} s), {num('request_tokens_per_s', ' tokens/s')} "
+            f"per request, {num('mean_latency_s', ' s')} mean request latency\n")

@@ -69,14 +69,16 @@ class BatchCache:
         """After a forward at the current width: every row in ``kept`` keeps its tree nodes (ascending,
         root first) behind its own prefix; rows not in ``kept`` stay as they were."""
         start = self.width
-        for layer in self.cache.layers:
-            for row, nodes in kept.items():
-                idx = torch.tensor(nodes, device=layer._k.device) + start
-                end = self.lengths[row] + len(nodes)
-                k = layer._k[row].index_select(1, idx)  # copies first: source and target may overlap
-                v = layer._v[row].index_select(1, idx)
-                layer._k[row, :, self.lengths[row]:end] = k
-                layer._v[row, :, self.lengths[row]:end] = v
+        if kept:
+            device = self.cache.layers[0]._k.device
+            rows = torch.tensor([row for row, nodes in kept.items() for _ in nodes], device=device)
+            src = torch.tensor([start + n for nodes in kept.values() for n in nodes], device=device)
+            dst = torch.tensor([self.lengths[row] + i for row, nodes in kept.items() for i in range(len(nodes))],
+                               device=device)
+            for layer in self.cache.layers:  # one gather and one scatter per layer for every row
+                k, v = layer._k[rows, :, src], layer._v[rows, :, src]  # (N, H, D) copies: the regions may overlap
+                layer._k[rows, :, dst] = k
+                layer._v[rows, :, dst] = v
         for row, nodes in kept.items():
             self.lengths[row] += len(nodes)
         self._sync()

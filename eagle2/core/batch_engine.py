@@ -12,11 +12,17 @@ Requests come from a queue the caller may append to while decoding (a later MT-b
 first turn's answer). ``refill=True`` (continuous batching) gives a freed row to the next queued request at
 once; ``refill=False`` (static) lets the batch drain and then admits the next wave. Each finished request is
 handed to ``on_finish`` with its ``GenerationOutput`` (``wall_time_s``: the span it was in flight) and its
-batch facts (``batch_wall_time_s``: the wave's decode time when static, the row's span when continuous).
+batch facts (``batch_wall_time_s``: the wave's decode time when static, the row's span when continuous;
+``admitted_at`` / ``retired_at``: seconds from the run's start to its prefill's start / to leaving its row,
+and ``run_started``, the run's Unix time, from which the batch's wall span and throughput follow).
+
+The target's LM head runs once per round over every live row's real tree nodes (one matmul, not B), and a
+round's accepted entries move into place with one gather per layer for all rows (``BatchCache.commit_rows``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -57,6 +63,9 @@ class BatchResult:
     batch_slot: int
     batch_wall_time_s: float | None
     error: BaseException | None = None
+    admitted_at: float | None = None  # seconds since the run started: its prefill began
+    retired_at: float | None = None  # ... it left its row
+    run_started: float | None = None  # Unix time the run started
 
 
 @dataclass
@@ -65,6 +74,7 @@ class _Row:
     out: list[int]
     prefill_s: float
     start: float  # decode start (after its prefill)
+    admitted: float  # prefill start
     accept_lengths: list[int] = field(default_factory=list)
     rounds: list[RoundStats] = field(default_factory=list)
     nodes: dict = field(default_factory=dict)
@@ -144,7 +154,7 @@ class BatchEngine:
         req.drafter.start(req.prompt_ids, first, feats[0] if req.drafter.needs_hidden else None)
         cache.load_row(slot, single)
         t1 = device_clock(self.device)
-        return _Row(req, [first], t1 - t0, t1)
+        return _Row(req, [first], t1 - t0, t1, t0)
 
     def _finished(self, row: _Row, length: int) -> bool:
         out = row.out
@@ -172,10 +182,14 @@ class BatchEngine:
                                 position_ids=positions.to(self.device))  # (B, Q, H)
         t2 = device_clock(self.device)
         feats = self._features(hidden)
+        slots = list(live)
+        sizes = [len(trees[s]) for s in slots]
+        rows_idx = torch.repeat_interleave(torch.tensor(slots), torch.tensor(sizes)).to(self.device)
+        cols_idx = torch.cat([torch.arange(n) for n in sizes]).to(self.device)
+        all_logits = self.target.lm_head(hidden[rows_idx, cols_idx]).split(sizes)  # one LM head for all rows
         kept_rows, new_rows = {}, {}
-        for slot, row in live.items():
-            tree = trees[slot]
-            logits = self.target.lm_head(hidden[slot, : len(tree)])
+        for slot, logits in zip(slots, all_logits):
+            tree, row = trees[slot], live[slot]
             if self.params.greedy:
                 path, bonus = accept_greedy(tree, logits)
             else:
@@ -209,6 +223,7 @@ class BatchEngine:
 
     def _run(self, queue: deque, on_finish) -> None:
         cache = BatchCache(self.target, self.rows)
+        self._t0, self._epoch = device_clock(self.device), time.time()
         live: dict[int, _Row] = {}
         wave: list[tuple[int, _Row]] = []  # static batching: the wave's finished rows, reported at its end
         batch_id, wave_start = -1, None
@@ -224,7 +239,7 @@ class BatchEngine:
                             live[slot] = self._admit(req, slot, cache)
                         except (ContextOverflowError, RuntimeError) as exc:
                             cache.free(slot)
-                            on_finish(BatchResult(req, None, batch_id, slot, None, exc))
+                            on_finish(BatchResult(req, None, batch_id, slot, None, exc, run_started=self._epoch))
                 for slot in [s for s, r in live.items() if self._finished(r, cache.lengths[s])]:
                     self._retire(live.pop(slot), slot, cache, batch_id, wave, on_finish)
                 if wave_start is None and live:
@@ -237,14 +252,17 @@ class BatchEngine:
                 end = max(r.end for _, r in wave)
                 span = end - (wave_start if wave_start is not None else end)
                 for slot, row in wave:
-                    on_finish(BatchResult(row.request, self._output(row), batch_id, slot, span))
+                    on_finish(self._result(row, slot, batch_id, span))
                 wave.clear()
 
     def _retire(self, row: _Row, slot: int, cache: BatchCache, batch_id: int, wave: list, on_finish) -> None:
         row.end = device_clock(self.device)
         cache.free(slot)
         if self.refill:
-            out = self._output(row)
-            on_finish(BatchResult(row.request, out, batch_id, slot, out.wall_time_s))
+            on_finish(self._result(row, slot, batch_id, row.end - row.start))
         else:
             wave.append((slot, row))
+
+    def _result(self, row: _Row, slot: int, batch_id: int, span: float) -> BatchResult:
+        return BatchResult(row.request, self._output(row), batch_id, slot, span, admitted_at=row.admitted - self._t0,
+                           retired_at=row.end - self._t0, run_started=self._epoch)

@@ -7,8 +7,10 @@ per second
     (1 + V_1 + ... + V_m) / (T_draft + T_verify(m + 1))
 
 where ``1 + sum V`` estimates the tokens a round yields (the bonus token plus each node's chance of
-being accepted, when V is calibrated). The choice depends only on the profile and the draft, never on
-live timings, so a seeded run is reproducible.
+being accepted, when V is calibrated). A profile of batched decoding (``rows`` = B > 1) measures
+``T_verify`` as one forward over B rows of q tree tokens each, ``T_B(q)``, and a round drafts every row's
+tree one after another, so the round costs ``B * T_draft + T_B(m + 1)``. The choice depends only on the
+profile and the draft, never on live timings, so a seeded run is reproducible.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class CostProfile:
     draft_s: list[float]  # draft_s[d-1]: one drafting round at depth d (head forwards + top-k + bookkeeping)
     context: int
     meta: dict
+    rows: int = 1  # requests verified together (the batch size the profile was measured at)
 
     def verify(self, q: int) -> float:
         """T_verify(q); beyond the measured range, extrapolated linearly from the last two points."""
@@ -40,7 +43,7 @@ def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple
     """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
     Returns (m, expected tokens of the round, predicted seconds of the round)."""
     expected = 1.0 + torch.cumsum(values.double(), 0)
-    seconds = torch.tensor([profile.draft(depth) + profile.verify(m + 1) for m in range(1, len(values) + 1)],
-                           dtype=torch.float64)
+    draft = profile.rows * profile.draft(depth)  # every row of the batch drafts its own tree
+    seconds = torch.tensor([draft + profile.verify(m + 1) for m in range(1, len(values) + 1)], dtype=torch.float64)
     m = int(torch.argmax(expected / seconds)) + 1
     return m, float(expected[m - 1]), float(seconds[m - 1])

@@ -5,7 +5,9 @@
 ``T_draft`` one drafting round at each depth up to the configured one. Both are measured once per
 (target, head, drafting settings, device, dtype, threads, kernels) on a context of ``context`` tokens and
 cached as JSON (``method.profile_dir``, default ``~/.cache/eagle2/profiles``);
-``method.reprofile=true`` measures again.
+``method.reprofile=true`` measures again. For batched decoding (``rows`` = B > 1, ``eagle2.core.batch_engine``)
+``T_verify(q)`` is ``T_B(q)``: one forward over B rows of ``q`` tree tokens each, after B contexts, and the
+LM head over all B * q of them; each B is its own profile.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def _median_time(fn, reps: int, device) -> float:
 
 
 @torch.no_grad()
-def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None) -> list[float]:
-    """Median seconds of a target forward over a chain of q tree tokens after ``context`` tokens.
+def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, rows: int = 1) -> list[float]:
+    """Median seconds of a target forward over ``rows`` chains of q tree tokens, each after ``context`` tokens.
     ``timer(fn, reps, device, q)`` replaces the wall-clock median (e.g. GPU time by CUDA events)."""
     from eagle2.core.tree import DraftTree
 
@@ -61,17 +63,19 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None) -
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     cache = new_cache(target)
-    forward_target(target, torch.randint(vocab, (1, context), generator=gen).to(device), cache)
+    forward_target(target, torch.randint(vocab, (rows, context), generator=gen).to(device), cache)
     out = []
     for q in range(1, max_q + 1):
         tree = DraftTree(torch.randint(vocab, (q,), generator=gen), torch.arange(-1, q - 1),
                          confidence=torch.ones(q))
-        tokens = tree.tokens[None].to(device)
+        tokens = tree.tokens[None].expand(rows, q).to(device)  # (B, q)
 
         def verify(tree=tree, tokens=tokens):
             mask, positions = tree.attention_mask(context, target.dtype, device), tree.position_ids(context, device)
+            positions = positions.expand(rows, -1)
+            mask = None if mask is None else mask.expand(rows, -1, -1, -1)  # (B, 1, q, context + q)
             hidden = forward_target(target, tokens, cache, attention_mask=mask, position_ids=positions)
-            target.lm_head(hidden[0])
+            target.lm_head(hidden.reshape(-1, hidden.shape[-1]))
             crop(cache, context)
 
         out.append(timer(verify, reps, device, q) if timer else _median_time(verify, reps, device))
@@ -102,13 +106,14 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
     return out
 
 
-def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int) -> str:
+def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int, rows: int = 1) -> str:
     vocab, kernels = drafting.get("vocab"), kernels_in_use(target)
     facts = {"target": target.config.to_dict(), "head": head.config.to_dict(), "depth": depth, "top_k": top_k,
              "draft_vocab": None if vocab is None else len(vocab), "lm_head_dtype": str(drafting.get("lm_head_dtype")),
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
              **({} if kernels == "stock" else {"kernels": kernels}),
-             "context": context, "max_q": max_q, "torch": torch.__version__}
+             "context": context, "max_q": max_q, "torch": torch.__version__,
+             **({"rows": rows} if rows > 1 else {})}  # batch 1 keeps every existing key
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
         facts["target"].pop(noisy, None)
         facts["head"].pop(noisy, None)
@@ -130,23 +135,24 @@ def read_profile(path: Path) -> CostProfile | None:
 
 def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k: int,
                 profile_dir: str | Path | None = None, remeasure: bool = False, context: int = 256, max_q: int = 64,
-                reps: int = 5) -> CostProfile:
+                reps: int = 5, rows: int = 1) -> CostProfile:
     """The cached profile for this target/head/settings on this machine, measured if absent;
-    ``make_drafter(d)`` builds the drafter whose rounds are timed (see ``measure_draft``)."""
-    key = profile_key(target, head, drafting, depth, top_k, context, max_q)
+    ``make_drafter(d)`` builds the drafter whose rounds are timed (see ``measure_draft``); ``rows``: the
+    batch size whose verify cost ``T_B(q)`` it holds."""
+    key = profile_key(target, head, drafting, depth, top_k, context, max_q, rows)
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
     if key in _loaded:  # reprofile means once per process, not once per drafter
         return _loaded[key]
     profile = None if remeasure else read_profile(path)
     if profile is None:
         context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
-        print(f"[eagle2] measuring the cost profile (verify q=1..{max_q}, draft depth 1..{depth}) -> {path}",
+        print(f"[eagle2] measuring the cost profile (verify {rows} x q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
-        verify = monotone(measure_verify(target, context=context, max_q=max_q, reps=reps))
+        verify = monotone(measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows))
         draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
         profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
                                                         "dtype": str(target.dtype),
-                                                        "threads": torch.get_num_threads()})
+                                                        "threads": torch.get_num_threads()}, rows)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(profile), indent=1))

@@ -6,7 +6,9 @@ incrementally as a sum of log-probabilities) are expanded with their ``top_k`` m
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
 (``total_tokens=auto``) the number kept is chosen per round by ``eagle2.drafters.budget.best_budget``: the
-count that maximises expected tokens per second, at most ``max_total_tokens``.
+count that maximises expected tokens per second, at most ``max_total_tokens``. A drafter for batched
+decoding (the method config's ``verify_rows`` = B, set by the batched runner) reads the profile of B rows
+verified together, ``T_B(q)``, since that is what a round of its batch costs.
 
 Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
 what followed the last n tokens earlier in the prompt or output) is merged into the tree within the
@@ -145,7 +147,8 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
 
         profile = cost_profile.get_profile(target, head, drafting, make_drafter, depth=depth, top_k=top_k,
                                            profile_dir=method_cfg.get("profile_dir"),
-                                           remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1)
+                                           remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1,
+                                           rows=int(method_cfg.get("verify_rows") or 1))
     elif not str(total).isdigit():
         raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
     lookup = None

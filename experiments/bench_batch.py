@@ -1,0 +1,109 @@
+"""The speedup-versus-batch curve on this machine, one run (``make bench-batch``): plain, SpS, EAGLE-2,
+EAGLE-3 and PLD at batch sizes 1, 2, 4, 8 on MT-bench first turns, through ``run.py``'s own runner
+(``eagle2.bench.runner.run``: batch 1 is the batch-1 engine, B > 1 ``eagle2.core.batch_engine``).
+
+For each B the methods run back to back (plain first), so a comparison at one B sees the same machine load.
+Prints one table, throughput in tokens/s (all new tokens over the batch's wall span, prefill included) with
+the speedup over plain at the same B beside it, then batched plain's B-over-B=1 throughput ratio against the
+4x goal at B=8 and the measured limit: the cost of one target forward over B rows of one token against one
+row (``eagle2.drafters.cost_profile.measure_verify``). Writes the rows, ``batch_scaling.csv`` / ``.md`` and
+the figure (``analysis.batch_scaling``) into ``--results``, and copies the PNG to ``--figure``.
+
+    python -m experiments.bench_batch --limit 8 --max-new-tokens 32 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+
+from analysis.batch_scaling import scaling_figure, scaling_markdown, scaling_table
+from analysis.metrics import load_rows
+from eagle2.bench.data import PROJECT_ROOT, benchmark_file, load_questions
+from eagle2.bench.models import load_target
+from eagle2.bench.runner import run
+from eagle2.core.cpu import cpu_kind
+from eagle2.core.precision import concrete_dtype
+from eagle2.drafters.cost_profile import measure_verify
+
+
+def first_turns(limit: int, path: Path) -> Path:
+    """The first ``limit`` MT-bench questions with their first turn only (one request per question)."""
+    questions = load_questions(benchmark_file("mt_bench"), limit)
+    path.write_text("".join(json.dumps({**q, "turns": q["turns"][:1]}) + "\n" for q in questions))
+    return path
+
+
+def cell_config(args, method: str, batch_size: int, questions: Path, results: Path):
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=[
+            "logger=none", "dataset=mt_bench", f"dataset.path={questions}", f"dataset.limit={args.limit}",
+            f"max_new_tokens={args.max_new_tokens}", f"threads={args.threads}", f"warmup_tokens={args.warmup}",
+            f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *args.overrides])
+
+
+def forward_cost_ratio(cfg, batch_size: int, context: int = 128, reps: int = 10) -> float:
+    """One target forward (+ LM head) over ``batch_size`` rows of one token after ``context`` tokens, over
+    the same for one row: the most batched plain decoding can gain is ``batch_size`` / this."""
+    cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)
+    target, _ = load_target(cfg.model)
+    one = measure_verify(target, context=context, max_q=1, reps=reps)[0]
+    return measure_verify(target, context=context, max_q=1, reps=reps, rows=batch_size)[0] / one
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=8, help="MT-bench questions (first turns)")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--batch-sizes", default="1,2,4,8")
+    ap.add_argument("--methods", default="plain,sps,eagle2,eagle3,pld")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=16, help="warm-up tokens before each cell (untimed)")
+    ap.add_argument("--results", default=None, help="default: results/bench_batch/<UTC time>")
+    ap.add_argument("--figure", default="docs/figures/batch_scaling.png", help="where the PNG is copied ('' = not)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every cell, e.g. model.dtype=bfloat16")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = Path(args.results or f"results/bench_batch/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    results.mkdir(parents=True, exist_ok=True)
+    questions = first_turns(args.limit, results / "mt_bench_first_turns.jsonl")
+    sizes, methods = [int(b) for b in args.batch_sizes.split(",")], args.methods.split(",")
+    started = time.time()
+    for batch_size in sizes:  # every method at one B back to back: one comparison, one machine load
+        for method in methods:
+            run(cell_config(args, method, batch_size, questions, results))
+    minutes = (time.time() - started) / 60
+    table = scaling_table(load_rows(results))
+    table.to_csv(results / "batch_scaling.csv", index=False)
+    text = scaling_markdown(table)
+    (results / "batch_scaling.md").write_text(text)
+    pngs = [p for p in scaling_figure(table, results) if p.suffix == ".png"]
+    if args.figure and pngs:
+        shutil.copyfile(pngs[0], args.figure)
+    top = max(sizes)
+    ratio = forward_cost_ratio(cell_config(args, "plain", 1, questions, results), top)
+    plain = table[table.method == "plain"].set_index("batch_size").throughput
+    print(f"\n## Batched decoding on {cpu_kind()} ({torch.get_num_threads()} thread(s)), SmolLM2, "
+          f"{args.limit} MT-bench first turns, {args.max_new_tokens} new tokens, {minutes:.1f} min\n")
+    print(text)
+    if 1 in plain and top in plain:
+        gain = plain[top] / plain[1]
+        print(f"Batched plain throughput B={top} / B=1: {gain:.2f}x (goal >= 4x: {'met' if gain >= 4 else 'missed'}); "
+              f"one target forward over {top} rows costs {ratio:.2f}x one over 1 row: the forward cost alone predicts "
+              f"{top / ratio:.2f}x for batched plain (decode only, one context length; the measured ratio also "
+              "carries prefill and the shared machine's load at each cell's time).")
+    print(f"\nrows, batch_scaling.csv/.md and the figure: {results}" + (f"; PNG copied to {args.figure}"
+                                                                          if args.figure else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    pd.set_option("display.width", 160)
+    raise SystemExit(main())
