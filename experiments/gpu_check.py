@@ -111,9 +111,11 @@ def result_text(row: dict) -> str:
     drafting = (f"accepted {row.get('accepted')}/{row.get('drafted')} drafted, tau {row.get('tau', 0):.2f}"
                 if "accepted" in row else "")
     if stage.startswith("audit"):
-        note = "" if row.get("tolerance_measured", True) else "; tolerance UNMEASURED (borrowed)"
+        note = "" if row.get("tolerance_measured", True) else " (UNMEASURED: borrowed)"
+        spread = (f"; gap error max {row['error_ratio_max']:.2f} eps*max|z|, factor {row['tolerance_factor']:g}"
+                  f"{note}" if "error_ratio_max" in row else note)
         return (f"{row['identical']}/{row['turns']} identical, {row['numeric']} numeric, "
-                f"{row['algorithmic']} algorithmic; {drafting}{note}")
+                f"{row['algorithmic']} algorithmic; {drafting}{spread}")
     if stage == "exact_fp32":
         return f"{row['identical']}/{row['turns']} identical; {drafting}"
     if stage == "verify_cost":
