@@ -195,6 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         write_report(path, {**report, "error": "torch cannot use the GPU"})
         return ENVIRONMENT
+    previous = signal.signal(signal.SIGTERM, terminated)  # killed from outside: the running stage's group too
+    try:
+        return run_stages(args, device, out, path, report, started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_stage's finally, which kills the child's group
+
+
+def run_stages(args, device: str, out: Path, path: Path, report: dict, started: float) -> int:
     for stage in args.stages:
         left = args.budget_s - (time.monotonic() - started)
         limit = args.stage_limit_s or (LIMITS_S[stage] if device == "cuda" else CPU_LIMIT_S)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,7 +152,6 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
     """Every module gpu_check, gpu_stages and gpu_models import (at the top or inside a function) imports
     in a child where the packages absent from the lent image raise ImportError."""
     import ast
-    from pathlib import Path
 
     root = Path(gpu_check.__file__).resolve().parents[1]
     modules = {"experiments.gpu_check"}
@@ -170,3 +170,29 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "eagle2.bench.identity" in modules and "yaml" in modules  # the lazy imports were found
+
+
+def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
+    """SIGTERM to the check (a device command past its limit) takes the stage's process group with it."""
+    import signal
+
+    root = Path(gpu_check.__file__).resolve().parents[1]
+    script = ("import sys\nfrom experiments import gpu_check\nfrom tests.test_gpu_check import FAKE_STAGE\n"
+              "gpu_check.stage_command = lambda stage, device, rows: [sys.executable, '-c', FAKE_STAGE, stage, "
+              "str(rows), 'hang' if stage == 'verify_cost' else 'ok']\n"
+              f"sys.exit(gpu_check.main(['--device', 'cpu', '--out', {str(tmp_path)!r}, "
+              "'--stages', 'syncs,verify_cost,draft_cost']))\n")
+    check = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    rows = tmp_path / "stages" / "verify_cost.json"
+    deadline = time.monotonic() + 120
+    while not rows.exists() and time.monotonic() < deadline and check.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    hung = gpu_check.read_rows(rows)
+    assert hung, check.stderr.read() if check.poll() is not None else "no row from the hung stage"
+    check.send_signal(signal.SIGTERM)
+    assert check.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not alive(hung[0]["pid"]) and not alive(hung[0]["grandchild"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())  # what finished before is on disk
+    assert [r["stage"] for r in report["rows"]] == ["syncs"] and not report["complete"]
