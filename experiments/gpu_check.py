@@ -20,7 +20,7 @@ missing package, 4 on a bad bundle.
 
 On a CPU (``--device cpu``, ``make gpu-check CPU_HALF=1``) the same stages run at CPU-proxy size (2-layer
 models with head dimension 8 and the real vocabularies, a small EAGLE-2 budget; ``syncs`` skipped): the
-whole pipeline without a GPU, in about three minutes on two busy cores; the timing criteria need CUDA.
+whole pipeline without a GPU, in 2-3 minutes on two cores; the timing criteria need CUDA.
 
     python -m experiments.gpu_check [--stages audit_fp16,verify_cost] [--budget-s 480] [--out DIR]
 """
