@@ -1,24 +1,28 @@
-"""``make gpu-check``: is a fresh GPU machine ready for the paper's runs? One command, no hub, ~8 minutes
-on one GPU; prints one summary table and writes it as JSON (``--out``, default
-``results/gpu_check/gpu_check.json``).
+"""``make gpu-check``: is a fresh GPU machine ready for the paper's runs? One command inside a 15-minute
+GPU loan: no hub, no real weights, no omegaconf/hydra; the stages of ``experiments.gpu_stages`` on
+random-weight models at the real shapes (Vicuna-7B fp16, LLaMA-3.1-8B bf16), each row with its pass
+criterion (the table in that module's docstring).
 
-Three stages, each a group of rows:
+Each selected stage (``--stages``, default all, in the given order) runs as
+``python -m experiments.gpu_stages STAGE`` in a child process (its own session) killed at the stage's
+time limit (``gpu_stages.LIMITS_S`` on CUDA, ``CPU_LIMIT_S`` on a CPU, or ``--stage-limit-s``), and never
+past what is left of the whole-check budget (``--budget-s``, default 480 s = 8 minutes, model builds
+included). A killed or crashed stage keeps the rows it wrote and adds one failed row saying why; the
+next stages still run while the budget lasts; a stage the budget no longer reaches is a failed row
+("not run"). ``DIR/gpu_check.json`` (``--out DIR``) is rewritten after every stage, so a run killed
+from outside still leaves what finished; each stage's own rows and stderr are in ``DIR/stages/``.
+At the end one summary table is printed.
 
-1. ``tests``: the CUDA-capable tests (``pytest -m gpu``): greedy identity of every method with tiny
-   random models, and the chi-square certification of EAGLE-2 at T=1, in fp16 and bf16 on the GPU
-   (``pytest -m gpu`` alone certifies every method, ~10 more minutes);
-2. ``smollm2``: ``model=smollm2`` plain / sps / eagle / eagle2 on CUDA in bf16 on MT-bench, with tokens/s,
-   speedup over plain, tau and peak GPU memory per method, then the identity audit
-   (``python -m eagle2.identity``) of their greedy outputs against plain decoding's;
-3. ``verify_cost``: the target's verify cost T(q)/T(1) for q = 1..64 tree tokens (one forward after a
-   512-token context, the engine's own masked tree forward, median of 5) for random-weight Llama models
-   with Vicuna-7B's and LLaMA-3-8B's exact shapes in fp16 (``eagle2.heads.shapes``; weights random, built on
-   the GPU in seconds).
+Exit status: 0 every row ok (or skipped with a reason); 1 a row failed; 2 an environment problem (an
+NVIDIA GPU is here but torch has no CUDA, or ``--device cuda`` without CUDA). The launcher
+``experiments.gpu_env`` (what ``make gpu-check`` runs) exits 0 first on a machine without a GPU, 3 on a
+missing package, 4 on a bad bundle.
 
-Without a CUDA device it says so in one line and runs the CPU half: stage 1's greedy identity cases in
-fp16/bf16 on the CPU, stage 2 on the CPU in fp32 with a fixed 8-node EAGLE-2 budget (1 question, 16
-new tokens), stage 3 with narrow 2-layer proxies of the two shapes (q = 1..16). It exits 0 unless a
-check failed (a test, an algorithmic divergence, a stage that raised).
+On a CPU (``--device cpu``, ``make gpu-check CPU_HALF=1``) the same stages run at CPU-proxy size (2-layer
+models with head dimension 8 and the real vocabularies, a small EAGLE-2 budget; ``syncs`` skipped): the
+whole pipeline without a GPU, in 2-3 minutes on two cores; the timing criteria need CUDA.
+
+    python -m experiments.gpu_check [--stages audit_fp16,verify_cost] [--budget-s 480] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,219 +30,205 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-import torch
-
-from eagle2.core.engine import device_clock
+from experiments.gpu_stages import LIMITS_S, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "sps", "eagle", "eagle2")
-SHAPES = ("vicuna7b", "llama3_8b")  # verify-cost models: Vicuna-7B's and LLaMA-3-8B's exact shapes
-SHOWN_Q = (2, 9, 17, 33, 60, 64)  # T(q)/T(1) columns in the printed table (60: the authors' total_token)
+OK, FAILED, ENVIRONMENT = 0, 1, 2
+CPU_LIMIT_S = 150  # per stage on a CPU: a child's imports alone take ~10 s on a busy 2-core machine
+MIN_START_S = 5.0  # a stage is not started with less budget left than this
+SHOWN_Q = (2, 8, 16, 32, 60, 64)  # T(q)/T(1) in the table (60: the authors' total_token)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What one run checks: on CUDA the full check, on a CPU the small half."""
-
-    device: str
-    test_args: tuple[str, ...]  # pytest selection of the gpu-marked tests
-    test_env: dict
-    questions: int
-    new_tokens: int
-    smollm2: tuple[str, ...]  # SmolLM2 overrides: dtype (and the CPU's fixed budget)
-    shape_layers: int | None  # None: all layers
-    shape_width: int | None  # per attention head (None: the real width)
-    max_q: int
-    context: int
-    dtype: str  # the verify-cost models' dtype
+def stage_command(stage: str, device: str, rows: Path) -> list[str]:
+    """The child process that runs one stage and rewrites ``rows`` after each row."""
+    return [sys.executable, "-m", "experiments.gpu_stages", stage, "--device", device, "--rows", str(rows)]
 
 
-def plan_for(cuda: bool) -> Plan:
-    tests = ("tests/test_greedy.py", "tests/test_certification.py")
-    if cuda:
-        # every greedy identity case; chi-square for EAGLE-2 at T=1 (2,500 samples take ~1 min per case even on a
-        # GPU: the tiny models are bound by Python, not the device); `pytest -m gpu` runs every method
-        chi_square = "not test_method_matches_target_distribution or (T1 and eagle2 and not auto)"
-        return Plan("cuda", (*tests, "-k", chi_square), {}, 5, 128, ("model.dtype=bfloat16",), None, None, 64, 512,
-                    "float16")
-    # CPU half: fp32 (bf16 is several times slower on CPUs without native bf16) and SmolLM2's fixed CPU
-    # budget of 8 nodes (no cost-profile measurement)
-    greedy = "speculative_equals_plain_on_tiny and random and (sps or eagle2) and not auto"
-    return Plan("cpu", ("tests/test_greedy.py", "-k", greedy),
-                {"EAGLE2_GPU_TEST_DEVICE": "cpu"}, 1, 16, ("model.dtype=float32", "model.eagle2.total_tokens=8"),
-                2, 8, 16, 128, "float32")
+def run_stage(stage: str, device: str, folder: Path, limit_s: float) -> tuple[list[dict], dict]:
+    """(the stage's rows, how its child ran), the child killed (its whole process group) at ``limit_s``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows_path, log_path = folder / f"{stage}.json", folder / f"{stage}.log"
+    rows_path.unlink(missing_ok=True)
+    start, killed = time.monotonic(), False
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(stage_command(stage, device, rows_path), cwd=ROOT, stderr=log,
+                                 start_new_session=True)
+        try:
+            code = child.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            killed, code = True, None
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    wall = time.monotonic() - start
+    rows = read_rows(rows_path)
+    if killed:
+        rows.append(failed_row(stage, f"finishes within its limit of {limit_s:.0f} s",
+                               f"killed at {limit_s:.0f} s, after {len(rows)} finished row(s)"))
+    elif code and not any(r.get("status") == "failed" for r in rows):
+        rows.append(failed_row(stage, "the stage exits 0", f"exit {code}: {last_error(log_path)}"))
+    elif not rows:
+        rows.append(failed_row(stage, "the stage writes its rows", f"exit {code} without a row"))
+    return rows, {"stage": stage, "limit_s": limit_s, "wall_s": wall, "returncode": code, "killed": killed}
 
 
-# ---- stage 1: the CUDA-capable tests -----------------------------------------------------------------
-
-def run_tests(plan: Plan, timeout_s: float) -> list[dict]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *plan.test_args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **plan.test_env}
-    start = device_clock("cpu")  # a subprocess: nothing queued on this process's device
+def read_rows(path: Path) -> list[dict]:
     try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-        text, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout or ""
-        text, code = partial.decode() if isinstance(partial, bytes) else partial, None
-    last = text.strip().splitlines()[-1] if text.strip() else ""
-    counts = {k.rstrip("s") if k.startswith("error") else k: int(n)
-              for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
-    status = "timeout" if code is None else ("ok" if code == 0 and counts.get("passed") else "failed")
-    if status != "ok":
-        print(text[-3000:], file=sys.stderr)
-    what = "greedy identity + EAGLE-2 chi-square T=1" if plan.device == "cuda" else "greedy identity (on CPU)"
-    return [{"stage": "tests", "case": f"{what}, fp16 and bf16", "status": status,
-             "wall_s": device_clock("cpu") - start,
-             **counts, "command": " ".join(cmd[1:])}]
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
-# ---- stage 2: SmolLM2, four methods, and the identity audit ------------------------------------------
-
-def compose(*overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+def last_error(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    return lines[-1].strip()[:300] if lines else "no stderr"
 
 
-def run_smollm2(plan: Plan, results: Path, threads: int | None) -> list[dict]:
-    from eagle2.bench.runner import run
-
-    common = ["model=smollm2", f"model.device={plan.device}", *plan.smollm2, "dataset=mt_bench",
-              f"dataset.limit={plan.questions}", f"max_new_tokens={plan.new_tokens}", f"paths.results={results}",
-              "logger=none", *([f"threads={threads}"] if threads else [])]
-    rows = []
-    for method in METHODS:
-        start = device_clock(plan.device)
-        summary = run(compose(f"method={method}", *common))
-        rows.append({"stage": "smollm2", "case": method, "status": "ok", "wall_s": device_clock(plan.device) - start,
-                     "tokens_per_s": summary["tokens_per_s"], "tau": summary["tau"], "turns": summary["turns"],
-                     "peak_memory_mb": _peak_memory(results, method)})
-    plain = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["speedup"] = row["tokens_per_s"] / plain if plain and row["tokens_per_s"] else None
-    return rows + [audit(results, plan.device)]
+def failed_row(stage: str, criterion: str, error: str) -> dict:
+    return {"stage": stage, "case": "the stage", "status": "failed", "criterion": criterion, "error": error}
 
 
-def _peak_memory(results: Path, method: str) -> float | None:
-    from eagle2.bench.results import read_rows
-
-    peaks = [r.get("peak_memory_mb") for path in results.rglob(f"{method}-*.jsonl") for r in read_rows(path)]
-    peaks = [p for p in peaks if p is not None]
-    return max(peaks) if peaks else None
+def write_report(path: Path, report: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, path)
 
 
-def audit(results: Path, device: str) -> dict:
-    """``python -m eagle2.identity RESULTS`` (reference target on the same device), summarised."""
-    from analysis.identity import load_audit_records
-    from eagle2.bench.identity import main as identity_main
-
-    code = identity_main([str(results), "--override", f"model.device={device}"])
-    counts: dict[str, dict[str, int]] = {}
-    for r in load_audit_records(str(results)):
-        by = counts.setdefault(r["method"], {"identical": 0, "numeric": 0, "algorithmic": 0})
-        by[r["status"]] += 1
-    return {"stage": "smollm2", "case": "identity audit", "status": "ok" if code == 0 else "failed",
-            "by_method": counts}
-
-
-# ---- stage 3: verify cost at the real shapes ---------------------------------------------------------
-
-def verify_cost(plan: Plan, name: str) -> dict:
-    from eagle2.core.precision import resolve_dtype
-    from eagle2.drafters.cost_profile import measure_verify
-    from eagle2.heads.shapes import PUBLISHED, llama_config, random_llama
-
-    width = plan.shape_width and plan.shape_width * PUBLISHED[name]["num_attention_heads"]
-    config = llama_config(name, layers=plan.shape_layers, width=width)
-    if plan.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    start = device_clock(plan.device)
-    target = random_llama(config, device=plan.device, dtype=resolve_dtype(plan.dtype))
-    built_s = device_clock(plan.device) - start
-    times = measure_verify(target, context=plan.context, max_q=plan.max_q, reps=5)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if plan.device == "cuda" else None
-    del target
-    if plan.device == "cuda":
-        torch.cuda.empty_cache()
-    shape = f"{config.num_hidden_layers} layers x {config.hidden_size}, {config.num_attention_heads}/" \
-            f"{config.num_key_value_heads} heads, vocab {config.vocab_size}"
-    return {"stage": "verify_cost", "case": f"{name} shape ({shape})", "status": "ok", "dtype": plan.dtype,
-            "context": plan.context, "build_s": built_s, "T1_ms": times[0] * 1e3,
-            "ratio": [t / times[0] for t in times], "peak_memory_mb": peak}
-
-
-# ---- the summary -----------------------------------------------------------------------------------
+# ---- the summary table -------------------------------------------------------------------------------
 
 def result_text(row: dict) -> str:
-    if row["stage"] == "tests":
-        return ", ".join(f"{row.get(k, 0)} {k}" for k in ("passed", "failed", "skipped")) + f" ({row['wall_s']:.0f} s)"
-    if row["stage"] == "smollm2" and "by_method" in row:
-        return "; ".join(f"{m}: {c['identical']} identical, {c['numeric']} numeric, {c['algorithmic']} algorithmic"
-                         for m, c in row["by_method"].items()) or "no greedy speculative turns"
-    if row["stage"] == "smollm2":
-        mem = f", peak {row['peak_memory_mb']:.0f} MB" if row.get("peak_memory_mb") else ""
-        return f"{row['tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}, tau {row['tau']:.2f}{mem}"
-    if row["stage"] == "verify_cost":
-        ratios = " ".join(f"T({q})/T(1)={row['ratio'][q - 1]:.2f}" for q in SHOWN_Q if q <= len(row["ratio"]))
-        mem = f", peak {row['peak_memory_mb']:.0f} MB" if row.get("peak_memory_mb") else ""
-        return f"T(1)={row['T1_ms']:.1f} ms {ratios}{mem}"
-    return row.get("error", "")
+    if "error" in row or "reason" in row:
+        return row.get("error") or row["reason"]
+    stage = row["stage"]
+    drafting = (f"accepted {row.get('accepted')}/{row.get('drafted')} drafted, tau {row.get('tau', 0):.2f}"
+                if "accepted" in row else "")
+    if stage.startswith("audit"):
+        note = "" if row.get("tolerance_measured", True) else " (UNMEASURED: borrowed)"
+        spread = (f"; gap error max {row['error_ratio_max']:.2f} eps*max|z|, factor {row['tolerance_factor']:g}"
+                  f"{note}" if "error_ratio_max" in row else note)
+        return (f"{row['identical']}/{row['turns']} identical, {row['numeric']} numeric, "
+                f"{row['algorithmic']} algorithmic; {drafting}{spread}")
+    if stage == "exact_fp32":
+        return f"{row['identical']}/{row['turns']} identical; {drafting}"
+    if stage == "verify_cost":
+        clock = "gpu" if "ratio_gpu" in row else "wall"
+        ratio = row[f"ratio_{clock}"]
+        shown = " ".join(f"{q}:{ratio[q - 1]:.2f}" for q in SHOWN_Q if q <= len(ratio))
+        return f"T(1) {row[f'T1_{clock}_ms']:.2f} ms ({clock}); T(q)/T(1) {shown}"
+    if stage == "draft_cost":
+        return "ms by depth " + " ".join(f"{t:.2f}" for t in row["draft_ms"])
+    if stage == "syncs":
+        return (f"{row['implicit_per_round']:.1f} implicit, {row['explicit_per_round']:.1f} explicit syncs "
+                f"per round ({row['rounds']} rounds)")
+    return ""
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| stage | case | status | result |\n|---|---|---|---|")
+    print("| stage | case | status | result | criterion |\n|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['stage']} | {row['case']} | {row['status']} | {result_text(row)} |")
+        try:
+            text = result_text(row)
+        except (KeyError, TypeError, IndexError) as exc:  # a row from another version: still listed
+            text = f"(unreadable row: {exc!r})"
+        print(f"| {row.get('stage')} | {row.get('case')} | {row.get('status')} | {text} | {row.get('criterion', '')} |")
 
 
-def guarded(stage: str, case: str, fn, *args) -> list[dict]:
-    """The stage's rows, or one failed row naming the error (the other stages still run)."""
-    try:
-        out = fn(*args)
-        return out if isinstance(out, list) else [out]
-    except Exception as exc:  # noqa: BLE001 - reported as a failed row
-        import traceback
+# ---- the command -------------------------------------------------------------------------------------
 
-        traceback.print_exc()
-        return [{"stage": stage, "case": case, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}]
+def pick_device(wanted: str) -> tuple[str | None, dict]:
+    """(the stages' device, or None for an environment problem; facts for the report)."""
+    import torch
+
+    from experiments.gpu_env import nvidia_gpus
+
+    cuda = torch.cuda.is_available()
+    facts = {"torch": torch.__version__, "cuda": cuda, "torch_cuda": torch.version.cuda,
+             "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    if wanted == "cpu":
+        return "cpu", {**facts, "device": "cpu"}
+    if cuda:
+        return "cuda", facts
+    gpus = nvidia_gpus()
+    if wanted == "cuda" or gpus:
+        print(f"[gpu-check] {'; '.join(gpus) or 'no NVIDIA GPU'}, but torch {torch.__version__} cannot use CUDA "
+              "(a CPU build, or CUDA failed to initialise): environment problem", file=sys.stderr)
+        return None, facts
+    print("[gpu-check] no CUDA device on this machine: running the CPU half", flush=True)
+    return "cpu", facts
+
+
+def parse_stages(text: str) -> list[str]:
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {','.join(STAGES)}")
+    return stages
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/gpu_check", help="folder for gpu_check.json and the SmolLM2 rows")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
-    ap.add_argument("--tests-timeout", type=float, default=600.0, help="seconds for stage 1 before it counts as failed")
+    ap.add_argument("--stages", type=parse_stages, default=list(STAGES), help=f"comma list from {','.join(STAGES)}")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="the whole check, model builds included")
+    ap.add_argument("--stage-limit-s", type=float, default=None,
+                    help=f"every stage's limit (default: gpu_stages.LIMITS_S on CUDA, {CPU_LIMIT_S} on a CPU)")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="auto: CUDA if torch sees it, the CPU half where no NVIDIA GPU is present")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check",
+                    help="folder for gpu_check.json and stages/ (a path ending .json: that file)")
     args = ap.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("WANDB_MODE", "offline")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        print("[gpu-check] no CUDA device on this machine: running the CPU half only", flush=True)
-    plan, out = plan_for(cuda), Path(args.out)
+    out, path = (args.out.parent, args.out) if args.out.suffix == ".json" else (args.out, args.out / "gpu_check.json")
     out.mkdir(parents=True, exist_ok=True)
-    start = device_clock(plan.device)
-    rows = guarded("tests", "pytest -m gpu", run_tests, plan, args.tests_timeout)
-    rows += guarded("smollm2", "four methods", run_smollm2, plan, out / "smollm2", args.threads)
-    for name in SHAPES:
-        rows += guarded("verify_cost", name, verify_cost, plan, name)
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "cuda": cuda, "torch": torch.__version__,
-              "wall_s": device_clock(plan.device) - start, "rows": rows}
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\n[gpu-check] {report['device']}, {report['wall_s']:.0f} s; written to {out / 'gpu_check.json'}")
-    print_table(rows)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    device, facts = pick_device(args.device)
+    report = {**facts, "stages": args.stages, "budget_s": args.budget_s, "complete": False, "rows": [],
+              "stage_runs": []}
+    if device is None:
+        write_report(path, {**report, "error": "torch cannot use the GPU"})
+        return ENVIRONMENT
+    previous = signal.signal(signal.SIGTERM, terminated)  # killed from outside: the running stage's group too
+    try:
+        return run_stages(args, device, out, path, report, started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_stage's finally, which kills the child's group
+
+
+def run_stages(args, device: str, out: Path, path: Path, report: dict, started: float) -> int:
+    for stage in args.stages:
+        left = args.budget_s - (time.monotonic() - started)
+        limit = args.stage_limit_s or (LIMITS_S[stage] if device == "cuda" else CPU_LIMIT_S)
+        if left < MIN_START_S:
+            rows = [failed_row(stage, f"runs within the budget of {args.budget_s:.0f} s",
+                               f"not run: {max(left, 0):.0f} s of the budget left")]
+            run = {"stage": stage, "limit_s": 0, "wall_s": 0, "returncode": None, "killed": False}
+        else:
+            print(f"[gpu-check] {stage} on {device} (limit {min(limit, left):.0f} s, {left:.0f} s of the budget left)",
+                  flush=True)
+            rows, run = run_stage(stage, device, out / "stages", min(limit, left))
+        report["rows"] += rows
+        report["stage_runs"].append(run)
+        report["wall_s"] = time.monotonic() - started
+        write_report(path, report)
+    report["complete"] = True
+    write_report(path, report)
+    bad = [r for r in report["rows"] if r.get("status") not in ("ok", "skipped")]
+    print(f"\n[gpu-check] {report['device']}, {report['wall_s']:.0f} s of {args.budget_s:.0f}; "
+          f"{len(bad)} failed row(s); written to {path}")
+    print_table(report["rows"])
+    return FAILED if bad else OK
 
 
 if __name__ == "__main__":

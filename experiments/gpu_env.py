@@ -5,13 +5,15 @@ In this order:
 
 1. **No NVIDIA GPU** (no ``nvidia-smi`` on the PATH that lists one, no ``/dev/nvidia0``): says
    "nothing to check" and exits 0 (a CPU machine, CI).
-2. **The bundle**: the pure-Python wheels that ``make gpu-bundle`` downloaded here into ``.gpu_bundle/``
-   (omegaconf, hydra-core, antlr4: absent from the lent GPU image, which has no registry) are installed
-   offline into ``.gpu_site/`` (``pip install --no-index --no-deps --target``); a wheel of torch,
-   transformers, triton or an NVIDIA library is refused (exit 4): the machine's own CUDA build of torch
-   must never be replaced.
-3. **Packages**: every module the check imports must be importable with ``.gpu_site`` on the path;
-   a missing one exits 3, naming it (and ``make gpu-bundle`` for the bundled ones).
+2. **The bundle** (optional): the pure-Python wheels that ``make gpu-bundle`` downloaded here into
+   ``.gpu_bundle/`` (omegaconf, hydra-core, antlr4: absent from the lent GPU image, which has no registry;
+   run.py needs them, the check does not) are installed offline into ``.gpu_site/`` (``pip install
+   --no-index --no-deps --target``); a wheel of torch, transformers, triton or an NVIDIA library is
+   refused (exit 4): the machine's own CUDA build of torch must never be replaced.
+3. **Packages**: every module the check imports (``NEEDED``: torch, transformers, safetensors, numpy,
+   pyyaml; all on the lent image) must be importable with ``.gpu_site`` on the path; a missing one exits
+   3, naming it. Those only the runs after the check need (``FOR_RUNS``: omegaconf, hydra-core, antlr4
+   for run.py) are named when missing, with ``make gpu-bundle``, and the check goes on.
 4. **torch sees the GPU**: a GPU is present but torch is a CPU build, or CUDA cannot initialise:
    exit 2 (a CPU torch would silently hide the GPU and time the CPU).
 5. Then it runs ``python -m experiments.gpu_check ARGS`` with that same interpreter (``os.execve``:
@@ -33,12 +35,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# import name -> distribution: what experiments.gpu_check and its stages import (the lent image has the
-# rest; BUNDLED are carried as wheels by `make gpu-bundle`)
+# import name -> distribution: what experiments.gpu_check and its stages import (all on the lent image)
 NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "numpy": "numpy",
-          "pandas": "pandas", "yaml": "pyyaml", "pytest": "pytest", "scipy": "scipy",
-          "omegaconf": "omegaconf", "hydra": "hydra-core", "antlr4": "antlr4-python3-runtime"}
-BUNDLED = ("omegaconf", "hydra-core", "antlr4-python3-runtime")
+          "yaml": "pyyaml"}
+# what the runs after the check need (run.py, eagle2.identity) and the lent image lacks: carried as wheels
+# by `make gpu-bundle`; missing ones are named, not fatal (the check itself needs none of them)
+FOR_RUNS = {"omegaconf": "omegaconf", "hydra": "hydra-core", "antlr4": "antlr4-python3-runtime"}
+BUNDLED = tuple(FOR_RUNS.values())
 REFUSED_WHEELS = ("torch", "transformers", "triton", "nvidia")  # never reinstalled from a bundle
 
 NO_GPU, NO_CUDA_TORCH, MISSING, BAD_BUNDLE = 0, 2, 3, 4
@@ -91,16 +94,17 @@ def with_site(site: Path) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def missing_modules(env: dict, python: str = sys.executable) -> list[str]:
-    """The NEEDED modules that ``python`` cannot find under ``env`` (found, not imported: fast)."""
+def missing_modules(env: dict, python: str = sys.executable, modules=None) -> list[str]:
+    """The ``modules`` (default NEEDED) that ``python`` cannot find under ``env`` (found, not imported: fast)."""
+    modules = list(NEEDED if modules is None else modules)
     probe = ("import importlib.util, sys\n"
              "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
     try:
-        out = subprocess.run([python, "-c", probe, *NEEDED], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, env=env, timeout=120)
     except OSError as exc:
         raise SystemExit(f"[gpu-env] cannot run {python}: {exc}") from None
     if out.returncode:
-        return list(NEEDED)  # the interpreter itself failed: nothing can be relied on
+        return modules  # the interpreter itself failed: nothing can be relied on
     return out.stdout.split()
 
 
@@ -133,13 +137,13 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
     env = with_site(site)
     missing = missing_modules(env, python)
     if missing:
-        names = [NEEDED[m] for m in missing]
-        hint = [n for n in names if n in BUNDLED]
-        print(f"[gpu-env] missing on this machine: {', '.join(names)}."
-              + (f" {', '.join(hint)}: run `make gpu-bundle` where pip works and carry {bundle}/ along."
-                 if hint else "") + (" The others must come with the machine's image." if len(hint) < len(names)
-                                     else ""), file=sys.stderr)
+        print(f"[gpu-env] missing on this machine: {', '.join(NEEDED[m] for m in missing)}; the check needs "
+              "them and they must come with the machine's image (or as wheels in the bundle)", file=sys.stderr)
         raise SystemExit(MISSING)
+    for_runs = missing_modules(env, python, FOR_RUNS)
+    if for_runs:
+        print(f"[gpu-env] note: {', '.join(FOR_RUNS[m] for m in for_runs)} missing: the check runs without them, "
+              f"run.py does not; `make gpu-bundle` where pip works and carry {bundle}/ along", flush=True)
     ok, facts = torch_cuda(env, python)
     if not ok:
         print(f"[gpu-env] an NVIDIA GPU is here but torch cannot use it ({facts}): a CPU build of torch, or "

@@ -4,7 +4,7 @@ stage a few rows, each row with its pass criterion (``criterion``) and ``status`
 
 | stage | what | ok means |
 |---|---|---|
-| ``audit_fp16`` | Vicuna-7B shape in fp16: plain and EAGLE-2 greedy on random prompts, identity audit against the fp32 model | 0 algorithmic, >= 1 draft token accepted |
+| ``audit_fp16`` | Vicuna-7B shape in fp16: plain and EAGLE-2 greedy on random prompts, identity audit against the fp32 model; the tolerance statistic of ``experiments.numeric_tolerance`` on this model (``error_ratio_max``/``_p99`` beside ``tolerance_factor``) | 0 algorithmic, >= 1 draft token accepted |
 | ``audit_bf16`` | the same, LLaMA-3.1-8B shape in bf16 | the same |
 | ``exact_fp32`` | Vicuna-7B width at reduced depth in fp32 | EAGLE-2 identical to plain in every turn, >= 1 accepted |
 | ``verify_cost`` | T(q)/T(1), q = 1..max_q after a long context, both shapes: GPU time (CUDA events, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= wall time |
@@ -105,29 +105,35 @@ def _drafting(outs) -> dict:
 # ---- the stages --------------------------------------------------------------------------------------
 
 def audit(stage: str, scale: Scale, emit) -> None:
-    from eagle2.bench.identity import classify, reference_logits, tolerance_measured
+    from eagle2.bench.identity import classify, reference_logits, tolerance_factor, tolerance_measured
     from eagle2.core.precision import dtype_name
+    from experiments.numeric_tolerance import gap_error_ratio
 
     name, dtype = AUDITED[stage]
     config = gm.target_config(name, scale.layers, scale.head_dim)
     reference = gm.peaked_target(config, scale.device)
     target = gm.half_copy(reference, dtype)
     head, budget = gm.planted_head(target), eagle2_budget(name, scale)
-    counts, outs, shares = {"identical": 0, "numeric": 0, "algorithmic": 0}, [], []
+    counts, outs, shares, ratios = {"identical": 0, "numeric": 0, "algorithmic": 0}, [], [], []
     for i in range(scale.prompts):
         prompt = gm.planted_prompt(target, scale.prompt_len, seed=100 + i)
         plain, out = decode_pair(target, head, budget, prompt, scale.new_tokens)
-        record = classify(reference_logits(reference, prompt, out.output_ids), out.output_ids, plain,
-                          dtype_name(str(dtype)[6:]))
+        ref = reference_logits(reference, prompt, out.output_ids)
+        record = classify(ref, out.output_ids, plain, dtype_name(str(dtype)[6:]))
         counts[record["status"]] += 1
         outs.append(out)
         shares.append(gm.rule_share(target, plain))
-    facts = _drafting(outs)
+        # the audit tolerance's statistic (experiments.numeric_tolerance) on this model: random weights at the
+        # real shape, so a data point beside the factor in use, not the real checkpoint's measurement
+        ratios.append(gap_error_ratio(reference_logits(target, prompt, out.output_ids), ref, torch.finfo(dtype).eps))
+    facts, ratios = _drafting(outs), torch.cat(ratios)
     ok = counts["algorithmic"] == 0 and facts["accepted"] >= 1
     emit({"stage": stage, "case": f"{name} shape, {dtype_name(str(dtype)[6:])}, EAGLE-2 {budget}",
           "status": "ok" if ok else "failed", "criterion": "0 algorithmic, >= 1 accepted", "turns": scale.prompts,
           **counts, **facts, "rule_share": statistics.mean(shares), "layers": config.num_hidden_layers,
-          "width": config.hidden_size, "tolerance_measured": tolerance_measured(str(dtype)[6:])})
+          "width": config.hidden_size, "tolerance_measured": tolerance_measured(str(dtype)[6:]),
+          "tolerance_factor": tolerance_factor(str(dtype)[6:]), "error_ratio_max": float(ratios.max()),
+          "error_ratio_p99": float(ratios.quantile(0.99))})
 
 
 def exact_fp32(scale: Scale, emit) -> None:

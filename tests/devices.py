@@ -1,7 +1,7 @@
 """Where the identity and certification tests run: this CPU in fp32 (always), and a CUDA device in fp16
 and bf16, those cases marked ``gpu`` (``pytest -m gpu`` selects them; without a CUDA device they are
 skipped). ``EAGLE2_GPU_TEST_DEVICE=cpu`` runs the gpu-marked half-precision cases on the CPU instead,
-to check them on a machine without a GPU (``python -m experiments.gpu_check`` does, there).
+to check them on a machine without a GPU.
 
 Greedy identity in half precision is the identity audit's (``eagle2.bench.identity.classify``): a tree
 forward and a one-token forward round differently, so an output may leave plain decoding's at a

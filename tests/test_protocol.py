@@ -4,9 +4,13 @@ decode-only one; device-type keyed scales; and the SmolLM2 (CPU) configs keep ev
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -63,6 +67,20 @@ def test_gpu_models_compose_with_the_authors_protocol(model, limit):
     if model in ("llama31_8b", "llama33_70b"):
         assert m["template"] == "tokenizer"  # the checkpoint's template, with its date block
     assert (m["device_map"] == "auto") == model.endswith("70b")
+
+
+@pytest.mark.parametrize("model,limit,template", [("vicuna7b", 1024, "vicuna"), ("llama31_8b", 512, "tokenizer")])
+def test_run_py_composes_the_authors_protocol(model, limit, template):
+    """`python run.py model=vicuna7b` itself (its @hydra.main and resolvers), not only compose()."""
+    done = subprocess.run([sys.executable, "run.py", f"model={model}", "--cfg", "job", "--resolve"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = yaml.safe_load(done.stdout)
+    m = cfg["model"]
+    assert cfg["max_new_tokens"] == limit and cfg["warmup_questions"] == 3 and cfg["temperature"] == 0.0
+    assert cfg["dataset"]["limit"] is None and m["device"] == "cuda" and m["template"] == template
+    assert m["eagle2"] == {"total_tokens": 59, "depth": 6, "top_k": 10}  # their (60, 5, 10)
+    assert (m["system_prompt"] or "").startswith(AUTHORS_SYSTEM) == (model != "vicuna7b")
 
 
 def test_smollm2_keeps_its_defaults():

@@ -56,8 +56,6 @@ from pathlib import Path
 
 import torch
 
-from analysis.identity import identity_table, load_audit_records, read_records, records_path
-
 TOLERANCE_FACTORS = {"bfloat16": 4.0, "float16": 4.0, "float32": 16.0}
 MEASURED = {"bfloat16", "float32"}  # float16's entry is bfloat16's, borrowed until measured on a GPU
 HALF_REFERENCE_FACTOR = 2.0  # a reference in the run's own half dtype: two half computations' errors add
@@ -209,6 +207,8 @@ class ReferenceModels:
 
 def audit_config(models: ReferenceModels, rows_file: Path, spec, plain, redo: bool = False) -> list[dict]:
     """Audit every turn of one config not audited yet against this plain config; append the records."""
+    from analysis.identity import read_records, records_path  # the harness's layer: the GPU check needs none
+
     path = records_path(rows_file)
     plain_hash = plain.config_hash.iloc[0] if not plain.empty else None
     done = set() if redo else {(r["question_id"], r["turn"]) for r in read_records(path)
@@ -254,6 +254,8 @@ def audit_results(results: str | Path, overrides: list[str] | None = None, redo:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from analysis.identity import identity_table, load_audit_records
+
     ap = argparse.ArgumentParser(prog="python -m eagle2.identity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a results folder (paths.results of the runs), searched recursively")

@@ -33,8 +33,6 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from eagle2.bench.methods import SPEC_KEYS, method_spec
 from eagle2.core.cpu import auto_dtype
 
@@ -59,6 +57,8 @@ _HELD: set[str] = set()  # tokens of the locks this process holds
 
 def config_hash(cfg) -> str:
     """Short hash of the settings that determine the outputs."""
+    from omegaconf import OmegaConf  # here, not at the top: reading rows (the GPU check) needs no omegaconf
+
     resolved = OmegaConf.to_container(cfg, resolve=True)
     picked = {k: resolved.get(k) for k in HASHED_KEYS}
     artifacts = method_spec(cfg.method).weights
