@@ -50,6 +50,17 @@ def test_monotone_pools_violators():
     assert cp.monotone([1.0, 2.0]) == [1.0, 2.0]
 
 
+def test_one_timing_taken_under_load_does_not_flatten_the_verify_curve():
+    """A spike at q=2 (another process held the core for that timing) left raw; plain pooling made
+    T(2..25) one flat value and the budget always the largest (a measured profile did)."""
+    raw = [0.09 + 0.01 * q for q in range(1, 26)]
+    raw[1] = 5.0
+    curve = cp.verify_curve(raw)
+    assert curve == sorted(curve)
+    assert curve[4:-2] == pytest.approx(raw[4:-2])  # beyond the spike's window: the measured curve
+    assert curve[1] < 0.2 and curve[-1] / curve[2] > 2  # neither the spike nor a flat plateau
+
+
 def test_verify_cost_extrapolates_past_the_measured_range():
     prof = profile([1.0, 2.0, 4.0])
     assert prof.verify(3) == 4.0 and prof.verify(5) == 8.0
@@ -100,7 +111,7 @@ def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
     assert calls == [1]
 
 
-@pytest.mark.parametrize("stale", ['{"verify_s": [1.0], "draft_s": [], "context": 8, "meta": {}, "rows": 2}',
+@pytest.mark.parametrize("stale", ['{"verify_s": [1.0], "draft_s": [], "context": 8, "meta": {}, "schema": 9}',
                                    '{"verify_s": [1.0', ""])
 def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale):
     """A cached profile in another version's format (an unknown field), torn or empty is measured again

@@ -43,6 +43,20 @@ def monotone(values: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
+def despike(values: list[float], window: int = 5) -> list[float]:
+    """Each timing replaced by the median of its ``window`` neighbours (fewer at the ends): one timing taken
+    while another process held the core must not move the whole curve. ``monotone`` alone pools a spike
+    into all its right-hand neighbours: a spike at q=2 once made T(2..25) flat, and the budget always the
+    largest."""
+    half = window // 2
+    return [statistics.median(values[max(0, i - half): i + half + 1]) for i in range(len(values))]
+
+
+def verify_curve(raw: list[float]) -> list[float]:
+    """The profile's ``T_verify(q)`` from raw timings: spikes removed, then made non-decreasing."""
+    return monotone(despike(raw))
+
+
 def _median_time(fn, reps: int, device) -> float:
     fn()  # warm-up
     times = []
@@ -113,6 +127,7 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
              **({} if kernels == "stock" else {"kernels": kernels}),
              "context": context, "max_q": max_q, "torch": torch.__version__,
+             "curve": "despiked",  # profiles cached before ``despike`` may hold a load-flattened curve
              **({"rows": rows} if rows > 1 else {})}  # batch 1 keeps every existing key
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
         facts["target"].pop(noisy, None)
@@ -148,7 +163,8 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
         context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
         print(f"[eagle2] measuring the cost profile (verify {rows} x q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
-        verify = monotone(measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows))
+        raw = measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows)
+        verify = verify_curve(raw)
         draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
         profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
                                                         "dtype": str(target.dtype),
