@@ -63,7 +63,8 @@ def zoo(tmp_path_factory):
             common = [f"model={name}", f"model.path={target}", "model.device=cpu", "model.dtype=float32",
                       *[f"model.{kind}={folder}" for kind, folder in weights.items()],
                       "dataset=mt_bench", f"dataset.path={questions}", f"max_new_tokens={NEW_TOKENS}",
-                      f"paths.results={root / 'results'}", "logger=none", "warmup_tokens=0", "warmup_questions=0", "threads=1"]
+                      f"paths.results={root / 'results'}", "logger=none", "warmup_tokens=0", "warmup_questions=0",
+                      "threads=1"]
             built[name, scale] = (target_config, root / "results", common)
         return built[name, scale]
 

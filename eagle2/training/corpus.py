@@ -57,7 +57,8 @@ def _prompt_and_answer(record: dict, path: Path) -> tuple[str, str]:
 
 def training_records(paths, benchmarks_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """(prompt, the dataset's own answer) pairs of one prompt file or several (``.json`` lists of
-    Alpaca-style records or ``.jsonl`` GSM8K-style lines, plain or ``.gz``), in file order, every benchmark question removed."""
+    Alpaca-style records or ``.jsonl`` GSM8K-style lines, plain or ``.gz``), in file order, every benchmark
+    question removed."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     pairs = [_prompt_and_answer(r, Path(p)) for p in paths for r in _read_records(Path(p))]
     held_out = all_benchmark_questions(benchmarks_dir)
