@@ -47,10 +47,10 @@ def verify_costs(args) -> None:
     columns = {}
     for dtype, kernels in (("bfloat16", "stock"), ("bfloat16", "auto"), ("float32", "auto")):
         _, model, _ = smollm2(dtype, kernels)
-        if f"{dtype} {kernels_in_use(model)}" in columns:  # auto left it stock on this CPU: already measured
+        name = f"{dtype} {kernels_in_use(model)}"
+        if name in columns:  # auto left it stock on this CPU: already measured
             continue
-        columns[f"{dtype} {kernels_in_use(model)}"] = measure_verify(model, context=args.context, max_q=args.max_q,
-                                                                      reps=args.reps)
+        columns[name] = measure_verify(model, context=args.context, max_q=args.max_q, reps=args.reps)
     names = list(columns)
     print("| q | " + " | ".join(f"{n} ms | /T(1)" for n in names) + " |")
     print("|---|" + "---|---|" * len(names))

@@ -33,7 +33,7 @@ _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measu
 
 def monotone(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence (least squares, pool-adjacent-violators): a forward over more
-    tokens never costs less, and single noisy timings should not steer the budget."""
+    tokens never costs less (a single spike it pools into all its right-hand neighbours: ``despike`` first)."""
     blocks: list[list[float]] = []  # [mean, count]
     for v in values:
         blocks.append([v, 1])
@@ -163,8 +163,7 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
         context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
         print(f"[eagle2] measuring the cost profile (verify {rows} x q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
-        raw = measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows)
-        verify = verify_curve(raw)
+        verify = verify_curve(measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows))
         draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
         profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
                                                         "dtype": str(target.dtype),
