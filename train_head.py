@@ -5,6 +5,7 @@
     python train_head.py stage=head               # one stage: corpus | head | draft | eval | all
     python train_head.py stage=conversations      # two-turn self-instruct token shards (artifacts/corpus/, tracked)
     python train_head.py stage=features           # ... -> feature shards under artifacts/work/ (one forward each)
+    torchrun --standalone --nproc_per_node=8 train_head.py train=vicuna7b stage=head   # data-parallel training
 
 Every stage resumes: the corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go
 to ``train.export.head`` / ``train.export.draft`` (for SmolLM2 ``model.head`` / ``model.sps_draft``).
@@ -23,14 +24,26 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from eagle2.bench.models import load_target
-    from eagle2.training.recipe import run_stages, stages_of
+    from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
 
-    stages_of(cfg.stage)  # an unknown stage fails before the target loads
+    from eagle2.training import distributed
+    from eagle2.training.loop import WorldSizeMismatch
+
+    stages = stages_of(cfg.stage)  # an unknown stage fails before the target loads
+    if distributed.launched() and set(stages) - set(DATA_PARALLEL_STAGES):
+        raise SystemExit(f"[train_head] stage={cfg.stage} runs in one process (python train_head.py stage=...); "
+                         f"under torchrun run one of: {', '.join(DATA_PARALLEL_STAGES)}")
+    device = distributed.init()  # torchrun: join the process group (this rank's GPU on CUDA)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
-    target, tokenizer = load_target(cfg.model, kernels="stock")  # losses backpropagate through its LM head
-    run_stages(target, tokenizer, cfg, root, cfg.stage)
+    target, tokenizer = load_target(cfg.model, device=device, kernels="stock")  # losses backpropagate through its LM head
+    try:
+        run_stages(target, tokenizer, cfg, root, cfg.stage)
+    except WorldSizeMismatch as exc:
+        raise SystemExit(f"[train_head] {exc}") from None
+    finally:
+        distributed.close()
 
 
 if __name__ == "__main__":

@@ -170,6 +170,12 @@ def read_shards(folder: str | Path) -> list[dict[str, torch.Tensor]]:
     return [load_file(str(p)) for p in sorted(Path(folder).glob("shard_*.safetensors"))]
 
 
+def iter_shards(folder: str | Path):
+    """The shards of ``folder`` one at a time (one in memory at once, unlike ``read_shards``)."""
+    for p in sorted(Path(folder).glob("shard_*.safetensors")):
+        yield load_file(str(p))
+
+
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
@@ -273,7 +279,7 @@ def answer_token_counts(folder: str | Path) -> torch.Tensor:
     """How often each token id occurs in the corpus answers (``answer_mask`` honoured), indexed by id up
     to the largest one seen."""
     counts = None
-    for shard in read_shards(folder):
+    for shard in iter_shards(folder):
         tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]
         mask = shard.get("answer_mask")
         for row in range(len(starts)):

@@ -4,11 +4,17 @@ A corpus (``corpus.py``) is a folder of ``shard_*.safetensors``; each holds conc
 (``tokens``, post-norm ``features``, ``offsets``, ``response_start``, optionally ``answer_mask`` for sequences
 with several answers). Batches are right-padded,
 length-bucketed and in a fixed order per epoch drawn from the seed.
+
+Two ways to hold the training shards: all in memory (the default), or streamed (``resident_shards = k``:
+``ShardedSequences`` reads a shard when a batch needs it and keeps at most ``k``; an epoch then visits the
+shards in a seeded random order, ``k`` at a time, its batches drawn within those ``k``
+(``shard_local_batches``), so memory is bounded by ``k`` shards whatever the corpus size).
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,23 +82,109 @@ def all_sequences(folder: str | Path) -> list[Sequence]:
     return [s for shard in read_shards(folder) for s in shard_sequences(shard)]
 
 
-def train_val_sequences(corpus_dir: str | Path, val_fraction: float, max_train_sequences: int | None = None
+def train_val_sequences(corpus_dir: str | Path, val_fraction: float, max_train_sequences: int | None = None,
+                        resident_shards: int | None = None
                         ) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
     """(train, val) sequences of a corpus, and the shard names each came from (``{"train": [...],
     "held_out": [...]}``, as read now: a corpus may grow later); ``max_train_sequences`` keeps that many
-    train sequences."""
+    train sequences. ``resident_shards``: stream the train shards (``ShardedSequences``, at most that many
+    in memory) instead of loading them all; the held-out shards are loaded either way."""
     train_paths, val_paths = split_shards(corpus_dir, val_fraction)
     shards = {"train": [p.name for p in train_paths], "held_out": [p.name for p in val_paths]}
-    return evenly_spaced(load_sequences(train_paths), max_train_sequences), load_sequences(val_paths), shards
+    train = ShardedSequences(train_paths, int(resident_shards)) if resident_shards else load_sequences(train_paths)
+    return evenly_spaced(train, max_train_sequences), load_sequences(val_paths), shards
 
 
-def evenly_spaced(seqs: list, count: int | None) -> list:
+def evenly_spaced(seqs, count: int | None):
     """``count`` of ``seqs``, evenly spaced (all of them when ``count`` is None/0 or not smaller): shards
-    follow prompt length, so a prefix would keep only the short prompts (of one kind, in a mixed corpus)."""
+    follow prompt length, so a prefix would keep only the short prompts (of one kind, in a mixed corpus).
+    A ``ShardedSequences`` stays one (nothing is read)."""
     if not count or int(count) >= len(seqs):
         return seqs
-    keep = torch.linspace(0, len(seqs) - 1, int(count)).round().long().unique()
-    return [seqs[i] for i in keep.tolist()]
+    keep = torch.linspace(0, len(seqs) - 1, int(count)).round().long().unique().tolist()
+    return seqs.select(keep) if isinstance(seqs, ShardedSequences) else [seqs[i] for i in keep]
+
+
+class ShardedSequences:
+    """The sequences of some feature shards, read as they are asked for: ``seqs[i]`` loads the shard that
+    holds sequence ``i`` unless it is one of the ``resident`` most recently used, which stay in memory.
+    Only each shard's ``offsets`` are read up front (``lengths``, ``shard_of``)."""
+
+    def __init__(self, paths, resident: int = 2, index: list[tuple[int, int, int]] | None = None):
+        from safetensors import safe_open
+
+        self.paths, self.resident = [Path(p) for p in paths], max(1, int(resident))
+        if index is None:
+            index = []  # (shard, position among the shard's sequences, length), as ``shard_sequences`` keeps them
+            for k, path in enumerate(self.paths):
+                with safe_open(str(path), framework="pt") as f:
+                    offsets = f.get_tensor("offsets").tolist()
+                kept = [b - a for a, b in zip(offsets[:-1], offsets[1:]) if b - a >= 2]
+                index.extend((k, j, n) for j, n in enumerate(kept))
+        self.index = index
+        self.lengths = [n for _, _, n in index]
+        self.shard_of = [k for k, _, _ in index]
+        self._cache: OrderedDict[int, list[Sequence]] = OrderedDict()
+        self.loads = 0  # shards read so far (a measure of the streaming's cost)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Sequence:
+        k, j, _ = self.index[i]
+        return self._shard(k)[j]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def select(self, keep: list[int]) -> ShardedSequences:
+        """The sequences ``keep`` (indices), still streamed."""
+        return ShardedSequences(self.paths, self.resident, [self.index[i] for i in keep])
+
+    def _shard(self, k: int) -> list[Sequence]:
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        from safetensors.torch import load_file
+
+        while len(self._cache) >= self.resident:
+            self._cache.popitem(last=False)
+        self._cache[k] = shard_sequences(load_file(str(self.paths[k])))
+        self.loads += 1
+        return self._cache[k]
+
+
+def sequence_lengths(seqs) -> list[int]:
+    """The token count of every sequence (a ``ShardedSequences`` knows them without reading a shard)."""
+    return list(seqs.lengths) if isinstance(seqs, ShardedSequences) else [len(s.tokens) for s in seqs]
+
+
+def epoch_batches(seqs, lengths: list[int], cfg, epoch: int) -> list[list[int]]:
+    """The batches of one epoch for the training settings ``cfg``: ``make_batches`` over every sequence,
+    or, for streamed shards, ``shard_local_batches`` (``resident`` shards at a time)."""
+    if isinstance(seqs, ShardedSequences):
+        return shard_local_batches(seqs.shard_of, lengths, cfg.token_budget, cfg.max_batch, cfg.seed, epoch,
+                                   seqs.resident)
+    return make_batches(lengths, cfg.token_budget, cfg.max_batch, cfg.seed, epoch)
+
+
+def shard_local_batches(shard_of: list[int], lengths: list[int], token_budget: int, max_batch: int, seed: int,
+                        epoch: int, resident: int) -> list[list[int]]:
+    """An epoch's batches that need at most ``resident`` shards in memory at a time: the shards in a seeded
+    random order, taken ``resident`` at a time; within each such group, ``make_batches`` over its sequences
+    (shuffled, length-bucketed). Every sequence once per epoch, as ``make_batches``."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    shards = sorted(set(shard_of))
+    order = [shards[i] for i in torch.randperm(len(shards), generator=g).tolist()]
+    members: dict[int, list[int]] = {}
+    for i, k in enumerate(shard_of):
+        members.setdefault(k, []).append(i)
+    batches: list[list[int]] = []
+    for n, start in enumerate(range(0, len(order), resident)):
+        group = [i for k in order[start:start + resident] for i in members[k]]
+        local = make_batches([lengths[i] for i in group], token_budget, max_batch, seed, epoch * 1_000_003 + n + 1)
+        batches.extend([group[j] for j in b] for b in local)
+    return batches
 
 
 def make_batches(lengths: list[int], token_budget: int, max_batch: int, seed: int, epoch: int,

@@ -6,9 +6,17 @@ optimizer, scheduler, position in the data, RNG) replaced atomically every ``che
 and at every epoch end. A rerun with the same ``out_dir`` resumes from it and reproduces an
 uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice.
 
+Several processes (``torchrun``, ``eagle2.training.distributed``): each step takes the next ``world_size``
+batches of the epoch's plan, rank r the r-th (``step_groups``), so the global batch of a step is their
+union and one process trains on the same batches in the same order; gradients are all-reduced
+(position-weighted, exactly the union batch's gradient) before clipping, so every rank applies the same
+update. Rank 0 alone writes the checkpoint (with every rank's RNG) and ``metrics.jsonl``; a checkpoint
+resumes only with the world size it was written with. One process is the world size 1 and unchanged.
+
 Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
 bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
-state; validation always runs in fp32. Train rows record ``tok_s``, ``cpu_kind``, ``autocast`` and ``threads``.
+state; validation always runs in fp32. Train rows record ``tok_s``, ``cpu_kind``, ``autocast``, ``threads``,
+``world_size`` and ``tokens_per_step`` (the real tokens of the step over all ranks).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import torch
 from tqdm import tqdm
 
 from eagle2.core.cpu import cpu_has_native_bf16, cpu_kind
-from eagle2.training.data import Sequence, collate, make_batches
+from eagle2.training import distributed
+from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
 
@@ -69,6 +78,26 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def step_groups(batches: list[list[int]], world_size: int) -> list[list[list[int]]]:
+    """The steps of an epoch: ``world_size`` consecutive batches each (rank r trains on the r-th; the last
+    step may have fewer, and a rank without a batch then contributes nothing)."""
+    return [batches[i:i + world_size] for i in range(0, len(batches), world_size)]
+
+
+class WorldSizeMismatch(ValueError):
+    """A checkpoint written by another number of processes: resuming would change the batches of every step."""
+
+
+class NullLog:
+    """The metrics log of ranks other than 0: writes nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MetricsLog:
     """``metrics.jsonl``, holding exactly the steps up to ``upto_step``: lines of later steps (a run that
     was killed between checkpoints) are dropped, since those steps are redone."""
@@ -108,24 +137,38 @@ class Trainer:
         # fused: one kernel per step for all parameters (CPU and CUDA), fewer passes than foreach
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                                      fused=self.device.type in ("cpu", "cuda"))
-        lengths = [len(s.tokens) for s in train_seqs]
-        self.plan = [make_batches(lengths, cfg.token_budget, cfg.max_batch, cfg.seed, e) for e in range(cfg.epochs)]
-        self.total = sum(len(p) for p in self.plan)
-        if cfg.max_steps:
-            self.total = min(self.total, int(cfg.max_steps))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, partial(lr_factor, warmup=warmup_steps(cfg.warmup, self.total), total=self.total,
-                              min_ratio=cfg.min_lr_ratio))
-        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.fingerprint = {"total_steps": self.total, "sequences": len(train_seqs),
-                            "token_budget": cfg.token_budget, "seed": cfg.seed, "lr": cfg.lr, **fingerprint_extra}
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        lengths = sequence_lengths(train_seqs)
+        self.plan = [step_groups(epoch_batches(train_seqs, lengths, cfg, e), self.world) for e in range(cfg.epochs)]
+        # each rank its own noise (rank 0 the one-process stream)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 7919 * self.rank)
+        self.fingerprint = {"sequences": len(train_seqs), "token_budget": cfg.token_budget, "seed": cfg.seed,
+                            "lr": cfg.lr, **fingerprint_extra}
+        self.use_plan(self.plan)
+        if self.world > 1:  # (only then: one-process checkpoints written before it still resume)
+            self.fingerprint["world_size"] = self.world
+        if isinstance(train_seqs, ShardedSequences):  # streamed shards: another batch order
+            self.fingerprint["resident_shards"] = train_seqs.resident
         self.step = self.epoch = self.batch_idx = 0
         self.tokens_trained = 0  # real (unpadded) tokens of every step so far, across resumes
-        self.corpus_tokens = sum(len(s.tokens) for s in train_seqs)  # one pass over the corpus
+        self.corpus_tokens = sum(lengths)  # one pass over the corpus
         self.curve: list[float] = []  # held-out top-1 at each validation, for the flat-curve stop
         self.validated_at = -1
         self.saved_at = 0
         self.log: MetricsLog | None = None
+
+    def use_plan(self, plan: list[list[list[list[int]]]]) -> None:
+        """Train on ``plan`` (per epoch, its steps; per step, one batch of sequence indices per rank): the
+        step count, the LR schedule and the fingerprint follow it."""
+        self.plan = plan
+        self.total = sum(len(p) for p in plan)
+        if self.cfg.max_steps:
+            self.total = min(self.total, int(self.cfg.max_steps))
+        self.opt.param_groups[0].setdefault("initial_lr", self.cfg.lr)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, partial(lr_factor, warmup=warmup_steps(self.cfg.warmup, self.total), total=self.total,
+                              min_ratio=self.cfg.min_lr_ratio))
+        self.fingerprint = {"total_steps": self.total, **self.fingerprint}
 
     # ------------------------------------------------------------------------------ checkpoint
     def resume(self) -> None:
@@ -133,26 +176,39 @@ class Trainer:
         if not self.ckpt.exists():
             return
         state = torch.load(self.ckpt, map_location=self.device, weights_only=True)
+        written = int(state["fingerprint"].get("world_size", 1))
+        if written != self.world:
+            raise WorldSizeMismatch(
+                f"{self.ckpt} was written by {written} process(es) and this run has {self.world}: resume with "
+                f"torchrun --nproc_per_node {written} (python train_head.py for 1), or use another out_dir")
         if state["fingerprint"] != self.fingerprint:
             raise ValueError(f"{self.ckpt} was written by a different run ({state['fingerprint']} vs "
                              f"{self.fingerprint}); use another out_dir or delete it")
         self.module.load_state_dict(state["model"], strict=False)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-        self.gen.set_state(state["noise_rng"].cpu())
-        torch.set_rng_state(state["torch_rng"].cpu())
+        noise_rng, torch_rng = state["rank_rng"][self.rank] if "rank_rng" in state else (
+            state["noise_rng"], state["torch_rng"])
+        self.gen.set_state(noise_rng.cpu())
+        torch.set_rng_state(torch_rng.cpu())
         self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
         self.tokens_trained, self.curve = int(state.get("tokens_trained", 0)), list(state.get("curve", []))
         self.saved_at = self.step
-        tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
+        if distributed.is_main():
+            tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
 
     def save(self) -> None:
+        """Write ``checkpoint.pt`` (rank 0; every rank's RNG gathered into it when there are several)."""
+        rngs = distributed.all_gather_objects((self.gen.get_state(), torch.get_rng_state())) if self.world > 1 else None
+        self.saved_at = self.step
+        if not distributed.is_main():
+            return
         save_checkpoint(self.ckpt, {
+            **({"rank_rng": rngs} if rngs else {}),
             "model": trainable_state(self.module), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
             "noise_rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "fingerprint": self.fingerprint,
             "tokens_trained": self.tokens_trained, "curve": self.curve})
-        self.saved_at = self.step
 
     # ---------------------------------------------------------------------------------- steps
     def validate(self) -> dict:
@@ -170,28 +226,39 @@ class Trainer:
             self.log.write({"step": self.step, "epoch": self.epoch, "split": "val", **progress, **stats})
             if "top1" in stats:
                 self.curve.append(float(stats["top1"]))
-            tqdm.write(f"[{self.desc}] step {self.step} val " + " ".join(f"{k}={v:.4g}" for k, v in stats.items()))
+            if distributed.is_main():
+                tqdm.write(f"[{self.desc}] step {self.step} val " + " ".join(f"{k}={v:.4g}" for k, v in stats.items()))
         return stats
 
-    def train_step(self, indices: list[int], with_stats: bool) -> tuple[dict, float, int]:
-        """One optimizer step on the batch ``indices``; returns (loss stats, grad norm, real tokens)."""
-        batch = collate([self.train_seqs[i] for i in indices], self.device)
-        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
+    def train_step(self, group: list[list[int]], with_stats: bool) -> tuple[dict, float, int]:
+        """One optimizer step on this rank's batch of ``group`` (one batch of sequence indices per rank);
+        returns (loss stats, grad norm, real tokens), stats and tokens over all ranks."""
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        stats, positions, tokens = {"n": 0}, 0, 0
+        if self.rank < len(group):
+            batch = collate([self.train_seqs[i] for i in group[self.rank]], self.device)
+            with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16,
+                                enabled=self.autocast is not None):
+                loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
+            loss.backward()
+            tokens = int(batch["valid"].sum())
+            positions = int(stats.get("n", tokens))
+        _, tokens = distributed.all_reduce_gradients(self.params, positions, tokens)
+        if with_stats:
+            stats = distributed.merge_stats(stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.step += 1
         self.batch_idx += 1
-        return stats, float(grad_norm), int(batch["valid"].sum())
+        return stats, float(grad_norm), tokens
 
     def run(self, *, stop_after: int | None = None, on_step: Callable[[int, dict], None] | None = None) -> dict:
-        """Train to the end (or ``stop_after`` steps); returns the summary."""
+        """Train to the end (or ``stop_after`` steps); returns the summary (the same on every rank)."""
         cfg = self.cfg
-        self.log = MetricsLog(self.out / "metrics.jsonl", self.step)
-        bar = tqdm(total=self.total, initial=self.step, desc=self.desc, dynamic_ncols=True)
+        main = distributed.is_main()
+        self.log = MetricsLog(self.out / "metrics.jsonl", self.step) if main else NullLog()
+        bar = tqdm(total=self.total, initial=self.step, desc=self.desc, dynamic_ncols=True, disable=not main)
         self.module.train()
         tokens_seen, t0 = 0, time.time()
         stopped = flat = False
@@ -205,10 +272,11 @@ class Trainer:
                 self.tokens_trained += tokens
                 rate = tokens_seen / max(time.time() - t0, 1e-9)
                 bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{rate:.0f}")
+                if main:
+                    bar.set_postfix(loss=f"{stats.get('loss', 0.0):.4f}", tok_s=f"{rate:.0f}")
                 if log_step:
                     last_stats = {**stats, "grad_norm": grad_norm, "lr": self.sched.get_last_lr()[0], "tok_s": rate,
-                                  **self.speed_info}
+                                  **self.speed_info, "world_size": self.world, "tokens_per_step": tokens}
                     self.log.write({"step": self.step, "epoch": self.epoch, "split": "train", **last_stats})
                 if on_step is not None:
                     on_step(self.step, stats)

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import torch
 
+from eagle2.training import distributed
 from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
 EXTRA_STAGES = ("conversations", "features")  # run only when named (hours of decoding; not part of ``all``)
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
+DATA_PARALLEL_STAGES = ("head", "eagle3", "draft")  # the stages torchrun may run (rank 0 exports)
 
 
 def stages_of(stage: str) -> tuple[str, ...]:
@@ -129,7 +131,7 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
                                root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after,
                                **validation(target, tokenizer, cfg, root, "head"))
-    if summary["partial"]:
+    if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
     from eagle2.training.corpus import tokens_by_frequency
 
@@ -149,7 +151,7 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     ecfg = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
                                       stop_after=ecfg.stop_after, **validation(target, tokenizer, cfg, root, "eagle3"))
-    if summary["partial"]:
+    if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
     max_mb = cfg.train.export.eagle3_head_max_mb
     dtype = export_dtype(head, max_mb, cfg.train.export.get("dtype", "bfloat16"))
@@ -165,7 +167,7 @@ def draft_stage(target, cfg, root: Path) -> Path | None:
 
     draft, summary = train_draft(target, root / cfg.train.corpus.out_dir, cfg.train.draft,
                                  root / cfg.train.draft.out_dir, stop_after=cfg.train.draft.stop_after)
-    if summary["partial"]:
+    if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
     dtype = export_dtype(draft, cfg.train.export.draft_max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_draft_model(draft, root / cfg.train.export.draft, dtype=dtype)

@@ -35,7 +35,8 @@ def _sequences(corpus_dir, cfg, val_seqs: list[Sequence] | None = None
                ) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
     """(train, held-out, shard names): ``val_seqs``, when given, replace the corpus's held-out shards as
     the validation set (those shards still stay out of training while ``cfg.val_fraction`` > 0)."""
-    train, val, shards = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
+    train, val, shards = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences,
+                                             cfg.get("resident_shards"))
     return train, (val if val_seqs is None else val_seqs), shards
 
 
