@@ -223,25 +223,30 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     return results
 
 
+def _say(line: str) -> None:
+    """Print a stage's result (rank 0 only, under torchrun)."""
+    if distributed.is_main():
+        print(line, flush=True)
+
+
 def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     """Run ``stage`` (one of ``STAGES``) or all of them in order."""
     stages = stages_of(stage)
     if "conversations" in stages:
-        print(f"[train_head] conversations: {conversations_stage(target, tokenizer, cfg.train.conversations, root)}",
-              flush=True)
+        _say(f"[train_head] conversations: {conversations_stage(target, tokenizer, cfg.train.conversations, root)}")
     if "features" in stages:
-        print(f"[train_head] features: {features_stage(target, tokenizer, cfg.train.conversations, root)}", flush=True)
+        _say(f"[train_head] features: {features_stage(target, tokenizer, cfg.train.conversations, root)}")
     if "corpus" in stages:
-        print(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}", flush=True)
+        _say(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}")
     if "head" in stages:
-        print(f"[train_head] head exported to {head_stage(target, tokenizer, cfg, root)}", flush=True)
+        _say(f"[train_head] head exported to {head_stage(target, tokenizer, cfg, root)}")
     if "eagle3" in stages:
-        print(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, tokenizer, cfg, root)}", flush=True)
+        _say(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, tokenizer, cfg, root)}")
     if "draft" in stages:
-        print(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}", flush=True)
+        _say(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}")
     if "medusa" in stages:  # trains, exports and evaluates (eagle2/training/medusa.py)
         from eagle2.training.medusa import medusa_stage
 
-        print(f"[train_head] Medusa heads exported to {medusa_stage(target, tokenizer, cfg, root)}", flush=True)
+        _say(f"[train_head] Medusa heads exported to {medusa_stage(target, tokenizer, cfg, root)}")
     if "eval" in stages:
         eval_stage(target, tokenizer, cfg, root)
