@@ -24,10 +24,9 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from eagle2.bench.models import load_target
-    from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
-
     from eagle2.training import distributed
     from eagle2.training.loop import WorldSizeMismatch
+    from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
 
     stages = stages_of(cfg.stage)  # an unknown stage fails before the target loads
     if distributed.launched() and set(stages) - set(DATA_PARALLEL_STAGES):
@@ -37,7 +36,8 @@ def main(cfg: DictConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
-    target, tokenizer = load_target(cfg.model, device=device, kernels="stock")  # losses backpropagate through its LM head
+    # (stock kernels: the losses backpropagate through its LM head)
+    target, tokenizer = load_target(cfg.model, device=device, kernels="stock")
     try:
         run_stages(target, tokenizer, cfg, root, cfg.stage)
     except WorldSizeMismatch as exc:
