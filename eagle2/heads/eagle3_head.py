@@ -149,6 +149,7 @@ def eagle3_config_from_target(target_config, draft_vocab_size: int) -> LlamaConf
 
     config = head_config_from_target(target_config, num_layers=1)
     config.draft_vocab_size = int(draft_vocab_size)
+    config.target_num_hidden_layers = int(target_config.num_hidden_layers)  # (not exported: tells a default)
     return config
 
 
@@ -164,9 +165,12 @@ def _read_config(folder: Path) -> LlamaConfig:
 
 
 def _feature_layers(config: LlamaConfig, target) -> tuple[int, ...]:
-    """The fused target layers: the checkpoint's ``eagle_config.eagle_aux_hidden_state_layer_ids`` when
-    it names them, else EAGLE-3's default for the target's depth."""
-    named = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    """The fused target layers (the layers whose INPUTS are fused): the top-level
+    ``eagle_aux_hidden_state_layer_ids`` when the checkpoint names them (vLLM's key and meaning), else
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` as this project's earlier exports wrote it (same
+    meaning), else EAGLE-3's default for the target's depth."""
+    named = getattr(config, "eagle_aux_hidden_state_layer_ids", None) or (
+        getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
     return tuple(int(i) for i in named) if named else eagle3_layers(target.config.num_hidden_layers)
 
 
@@ -178,6 +182,7 @@ def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
         raise ValueError(f"EAGLE-3 head {folder}: vocab_size {config.vocab_size} != the target's "
                          f"{target.config.vocab_size}")
     config._attn_implementation = "sdpa"
+    config.target_num_hidden_layers = int(target.config.num_hidden_layers)
     head = Eagle3Head(config, _feature_layers(config, target))
     state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
@@ -202,16 +207,41 @@ def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
     return cast_like_target(head, target).eval()
 
 
+def serving_config(head: Eagle3Head, dtype: torch.dtype | None = None) -> dict:
+    """``config.json`` of an export, with what the serving engines read (``tests/test_eagle3_export.py``
+    cites their code): the architecture SGLang's class is named and vLLM's registry maps
+    (``LlamaForCausalLMEagle3``); ``draft_vocab_size``; ``tie_word_embeddings: false`` (SGLang would
+    otherwise use the embedding as the LM head and skip ``lm_head.weight``); ``rope_theta`` at the top
+    level as well (readers on transformers 4.x do not read ``rope_parameters``); ``torch_dtype``; and the
+    fused layers only when they are not EAGLE-3's default (2, L//2, L-3), which all readers assume:
+    top-level ``eagle_aux_hidden_state_layer_ids`` in vLLM's meaning (the layers whose inputs are fused,
+    as here) and ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's (the layers whose
+    outputs are: one less)."""
+    cfg = head.config.to_dict()
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)  # (a loaded head's: written again below if needed)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta")
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=head.draft_vocab_size,
+               tie_word_embeddings=False, eagle_config={"use_aux_hidden_state": True})
+    if theta is not None:
+        cfg["rope_theta"] = float(theta)
+    stored = dtype or head.lm_head.weight.dtype
+    cfg["torch_dtype"] = str(stored).replace("torch.", "")
+    target_layers = getattr(head.config, "target_num_hidden_layers", None)
+    if target_layers is None or tuple(head.feature_layers) != eagle3_layers(int(target_layers)):
+        cfg["eagle_aux_hidden_state_layer_ids"] = list(head.feature_layers)
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in head.feature_layers]
+    cfg.pop("target_num_hidden_layers", None)
+    return cfg
+
+
 def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (no embedding) in the official layout."""
+    """Write ``config.json`` (``serving_config``) + ``model.safetensors`` (no embedding) in the official
+    layout, which the authors' code, vLLM and SGLang load."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = head.config.to_dict()
-    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=head.draft_vocab_size,
-               eagle_config={"eagle_aux_hidden_state_layer_ids": list(head.feature_layers)})
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    (folder / "config.json").write_text(json.dumps(serving_config(head, dtype), indent=2, default=str))
     state = {k: (v if v.dtype in (torch.long, torch.bool) else v.detach().to(dtype or v.dtype)).contiguous()
              for k, v in head.state_dict().items() if "rotary" not in k}
     save_file(state, str(folder / "model.safetensors"))
