@@ -18,18 +18,23 @@ from eagle2.training.data import train_val_sequences
 from eagle2.training.loop import Trainer, WorldSizeMismatch
 from eagle2.training.train import head_setup, train_head
 from tests.ddp_script import ddp_cfg
-from tests.test_training import PROMPTS, ByteTokenizer, tiny_target, train_losses
+from tests.test_training import ByteTokenizer, tiny_target, train_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 # 2 ranks vs 1 process on the union batch: fp32 sums in another order, through a few AdamW steps
 ATOL = 1e-5
 
 
+# prompts of very different lengths: batches of 1-4 sequences, so the ranks of a step hold different
+# numbers of loss positions (a plain mean of their gradients is then wrong) and some steps leave a rank idle
+PROMPTS = [f"q{i} " + "xyz" * (i * i // 2) for i in range(16)]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp_corpus")
     build_corpus(tiny_target(), ByteTokenizer(), PROMPTS, out, template="vicuna", system_prompt="S", batch_size=4,
-                 max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0)
+                 max_new_tokens=16, max_prompt_tokens=256, temperature=0.0, samples_per_prompt=1, seed=0)
     return out
 
 
