@@ -91,7 +91,8 @@ def bench(kind: str, target, corpus: Path, base_cfg, steps: int) -> dict[str, fl
         batch = plan[i % len(plan)]
         for name, trainer in trainers.items():
             t0 = device_clock(trainer.device)
-            _, _, tokens = trainer.train_step(batch, with_stats=False)
+            step = batch if name == "before" else [batch]  # (today's steps: one batch per rank)
+            _, _, tokens = trainer.train_step(step, with_stats=False)
             if i:  # step 0 warms up
                 rates[name].append(tokens / (device_clock(trainer.device) - t0))
     return {name: statistics.median(r) for name, r in rates.items()} | {

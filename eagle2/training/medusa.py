@@ -121,7 +121,8 @@ def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwa
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
-    train_seqs, val_seqs, _ = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences)
+    train_seqs, val_seqs, _ = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences,
+                                                  cfg.get("resident_shards"))
     heads = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head)
     if cfg.draft_vocab_size:
         from eagle2.training.corpus import tokens_by_frequency
