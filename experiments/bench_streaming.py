@@ -82,11 +82,12 @@ def child(args) -> None:
     t0 = time.perf_counter()
     train_head(target, args.corpus, head_cfg, out, on_step=clock)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    tokens = [r["tokens_per_step"] for r in rows if r["split"] == "train"]
+    train = [r for r in rows if r["split"] == "train"]
+    tokens = [r["tokens_per_step"] for r in train]
     rates = [n / dt for n, dt in zip(tokens[1:], steps[1:])]
     print(json.dumps({"mode": args.mode, "rss_after_load_mb": after_load, "peak_rss_mb": rss_mb(),
                       "tok_s": statistics.median(rates), "wall_s": time.perf_counter() - t0,
-                      "cpu_kind": rows[-1]["cpu_kind"], "autocast": rows[-1]["autocast"]}))
+                      "cpu_kind": train[-1]["cpu_kind"], "autocast": train[-1]["autocast"]}))
 
 
 def main() -> None:

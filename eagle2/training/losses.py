@@ -177,10 +177,15 @@ def _subsample(n: int, fraction: float, generator, device) -> torch.Tensor | Non
     return torch.randperm(n, generator=generator, device=device)[: max(1, round(n * fraction))]
 
 
-def _combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor):
+def _combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor, step_decay: float = 1.0):
+    """The steps' losses averaged with weights ``step_decay ** i`` (i = 0 for step 1; 1.0: a plain mean)."""
     if not step_losses:
         return like.sum() * 0.0, {"loss": 0.0, "top1": 0.0, "n": 0}
-    total = sum(step_losses) / len(step_losses)
+    if step_decay == 1.0:
+        total = sum(step_losses) / len(step_losses)
+    else:
+        weights = [step_decay ** i for i in range(len(step_losses))]
+        total = sum(w * loss for w, loss in zip(weights, step_losses)) / sum(weights)
     stats["loss"] = total.item()
     stats.setdefault("n", 0)
     return total, stats
@@ -223,13 +228,15 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
 
 
 def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
-                generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
+                step_decay: float = 1.0, generator: torch.Generator | None = None, train: bool = True,
+                with_stats: bool = True):
     """EAGLE-3 loss over a batch (tokens only, no feature regression): at every draft step, the
     cross-entropy of the head's own draft-vocabulary distribution ``lm_head(norm(p))`` against the
     target's next-token distribution restricted to the draft vocabulary, ``softmax(lm_head_T(f[j+1])[draft])``
     (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
     (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
-    may use a random ``unroll_cls_fraction`` of their positions when training. ``top1`` (step 1) is
+    may use a random ``unroll_cls_fraction`` of their positions when training; step ``i`` (from 0) weighs
+    ``step_decay ** i`` (EAGLE-3's authors: 0.8, normalized here by the weights' sum). ``top1`` (step 1) is
     agreement with the target's argmax over the FULL vocabulary (a token outside the draft vocabulary is
     a miss), as ``agreement`` defines it, in training rows too (computed on logged steps only)."""
     proj = proj if train else proj.exact()
@@ -264,7 +271,7 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
                 stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
         elif step == 1:
             stats["n"] = n
-    return _combine(losses, stats, feats)
+    return _combine(losses, stats, feats, step_decay)
 
 
 def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,

@@ -114,9 +114,11 @@ def eagle3_setup(target, corpus_dir: str | Path, cfg):
                                                             target.config.vocab_size))
     proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
     unroll = int(cfg.unroll)
-    loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction))
+    decay = float(cfg.get("step_decay") or 1.0)  # step i of the unroll weighs decay ** i
+    loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction),
+                      step_decay=decay)
     extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
-             "draft_vocab_size": head.draft_vocab_size}
+             "draft_vocab_size": head.draft_vocab_size, **({"step_decay": decay} if decay != 1.0 else {})}
     return head, loss_fn, extra
 
 

@@ -1,0 +1,82 @@
+"""The GPU recipes ``train=vicuna7b`` (EAGLE-2 head, ShareGPT's own answers) and ``train=llama31_8b``
+(EAGLE-3 head, the target's own answers, 7 steps weighted 0.8^i) compose with the authors' settings and
+dry-run end to end through the real stages (corpus -> training -> export -> loading back) on a tiny random
+Llama at a tiny shape (no weights downloaded; CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from eagle2.training.corpus import build_corpus, corpus_tap_layers
+from eagle2.training.recipe import eagle3_stage, head_stage
+from tests.test_training import PROMPTS, ByteTokenizer, tiny_target, train_losses
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def recipe(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name="train_head", overrides=[f"train={name}", *overrides])
+
+
+def test_vicuna7b_recipe_has_the_authors_eagle2_settings():
+    cfg = recipe("vicuna7b")
+    h = cfg.train.head
+    assert cfg.model.name == "vicuna7b" and cfg.model.hub_id == "lmsys/vicuna-7b-v1.3"
+    assert cfg.train.corpus.responses == "dataset" and not cfg.train.corpus.tap_layers  # ShareGPT's own answers
+    assert (h.lr, list(h.betas), h.epochs, h.w_reg, h.w_cls, h.noise, h.grad_clip) == (
+        3e-5, [0.9, 0.95], 20, 1.0, 0.1, 0.1, 0.5)
+    assert cfg.train.corpus.max_new_tokens == cfg.train.corpus.max_prompt_tokens == 2048
+    assert h.token_budget == 4 * 2048 and h.max_batch == 4 and h.resident_shards
+    assert not str(cfg.train.export.head).startswith("yuhuili")  # never over the authors' hub id
+
+
+def test_llama31_8b_recipe_has_the_authors_eagle3_settings():
+    cfg = recipe("llama31_8b")
+    e = cfg.train.eagle3
+    assert cfg.model.name == "llama31_8b" and cfg.train.corpus.responses == "self"
+    assert cfg.train.corpus.tap_layers == "eagle3"
+    assert (e.unroll, e.step_decay, e.unroll_cls_fraction, e.draft_vocab_size) == (7, 0.8, 1.0, 32000)
+    assert (e.lr, list(e.betas), e.epochs, e.warmup, e.grad_clip) == (5e-5, [0.9, 0.95], 40, 12000, 0.5)
+    assert e.token_budget == 2 * 2048 and e.max_batch == 2
+
+
+TINY = ("epochs=1", "max_steps=3", "token_budget=512", "max_batch=4", "warmup=1", "val_max_sequences=4",
+        "checkpoint_every=2", "log_every=1", "resident_shards=2")
+
+
+@pytest.mark.parametrize("name, section, kind", [("vicuna7b", "head", "head"), ("llama31_8b", "eagle3", "eagle3")])
+def test_recipe_dry_runs_on_a_tiny_llama(name, section, kind, tmp_path):
+    cfg = recipe(name, *(f"train.{section}.{o}" for o in TINY), "train.work_dir=work",
+                 f"train.export.{'head' if kind == 'head' else 'eagle3_head'}=export",
+                 *(["train.eagle3.draft_vocab_size=48"] if kind == "eagle3" else []))
+    target = tiny_target(layers=6)  # a LlamaForCausalLM, the family of both targets
+    c = cfg.train.corpus
+    answers = [f"answer {i}: {'xy' * i}" for i in range(len(PROMPTS))] if c.responses == "dataset" else None
+    build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path / c.out_dir, template="vicuna", system_prompt="S",
+                 batch_size=2, max_new_tokens=16, max_prompt_tokens=128, temperature=c.temperature,
+                 samples_per_prompt=1, seed=0, answers=answers, tap_layers=corpus_tap_layers(target, c.tap_layers))
+    stage = head_stage if kind == "head" else eagle3_stage
+    folder = stage(target, ByteTokenizer(), cfg, tmp_path)
+    assert folder == tmp_path / "export"
+    if kind == "head":
+        from eagle2.heads.eagle_head import load_head
+
+        load_head(folder, target)
+    else:
+        from eagle2.heads.eagle3_head import load_eagle3_head
+
+        head = load_eagle3_head(folder, target)
+        assert head.draft_vocab_size == 48
+    card = json.loads((folder / "training.json").read_text())
+    assert card["recipe"]["lr"] == cfg.train[section].lr and card["summary"]["step"] == 3
+    rows = train_losses(tmp_path / cfg.train[section].out_dir, "world_size")
+    assert sorted(rows) == [1, 2, 3] and set(rows.values()) == {1}
+    state = torch.load(tmp_path / cfg.train[section].out_dir / "checkpoint.pt", weights_only=True)
+    wired = {"resident_shards": 2} | ({"unroll": 7, "step_decay": 0.8} if kind == "eagle3" else {})
+    assert {k: state["fingerprint"].get(k) for k in wired} == wired  # the recipe reached the trainer
