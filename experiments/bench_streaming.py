@@ -1,14 +1,16 @@
 """Streamed feature shards vs today's load-everything, side by side in one run: peak memory (RSS) and
 tokens/s per step of the EAGLE-2 head trainer on SmolLM2-135M, with the CPU kind printed.
 
-    python experiments/bench_streaming.py                        # 48 shards x 32 sequences x 256 tokens
+    python experiments/bench_streaming.py                        # 24 shards x 16 sequences x 256 tokens
     python experiments/bench_streaming.py --shards 96 --steps 8 --resident 2
 
 The corpus: ``--shards`` feature shards of SmolLM2's shape (576-wide fp16 features, random token ids of
 its vocabulary, answers from the middle of each sequence), written once to ``--corpus``; their values do
 not matter for memory or speed (the loss still runs through SmolLM2's real LM head). Each mode trains in a
-fresh process (``--child``) for ``--steps`` steps from the same seed; the peak RSS is the process's
-``ru_maxrss``, printed beside the RSS after the target loaded (so the corpus's share shows). tokens/s per
+fresh process (``--child``) for ``--steps`` steps (0: one whole epoch) from the same seed; the peak RSS is the process's
+``ru_maxrss``, printed beside the RSS after the target loaded (so the corpus's share shows). Shards are
+memory-mapped as they load, so a page counts once a batch has touched it: only a whole epoch shows
+what holding every shard costs. tokens/s per
 step is the median of the real tokens / step time of the train rows (``tok_s`` of ``metrics.jsonl`` is a
 running mean; this is per step), the first step excluded.
 """
@@ -67,8 +69,8 @@ def child(args) -> None:
     target, _ = load_target(cfg.model, kernels="stock")
     after_load = rss_mb()
     head_cfg = cfg.train.head
-    head_cfg.merge_with({"max_steps": args.steps, "val_every": None, "val_max_sequences": 4, "log_every": 1,
-                         "checkpoint_every": 10_000, "stop_when_flat": 0,
+    head_cfg.merge_with({"max_steps": args.steps or None, "epochs": 1, "val_every": None, "val_max_sequences": 4,
+                         "log_every": 1, "checkpoint_every": 10_000, "stop_when_flat": 0,
                          "resident_shards": args.resident if args.mode == "streamed" else None})
     out = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     steps: list[float] = []
@@ -93,10 +95,10 @@ def child(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default="artifacts/work/bench_streaming/corpus")
-    ap.add_argument("--shards", type=int, default=48)
-    ap.add_argument("--per-shard", type=int, default=32)
+    ap.add_argument("--shards", type=int, default=24)
+    ap.add_argument("--per-shard", type=int, default=16)
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=0, help="training steps per mode (0: one whole epoch)")
     ap.add_argument("--resident", type=int, default=2, help="shards in memory at once when streamed")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -110,7 +112,8 @@ def main() -> None:
     corpus = write_corpus(Path(args.corpus), args.shards, args.per_shard, args.length, hidden=576, vocab=49152)
     size = sum(p.stat().st_size for p in corpus.glob("shard_*.safetensors")) / 1e6
     print(f"CPU kind: {cpu_kind()}, threads {args.threads}, torch {torch.__version__}; corpus {corpus}: "
-          f"{args.shards} shards, {size:.0f} MB on disk; {args.steps} steps of the SmolLM2 head recipe")
+          f"{args.shards} shards, {size:.0f} MB on disk; {args.steps or 'one epoch of'} steps of the SmolLM2 head "
+          "recipe")
     results = {}
     for mode in MODES:
         cmd = [sys.executable, __file__, "--child", "--mode", mode, "--corpus", args.corpus, "--steps",
