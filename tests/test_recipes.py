@@ -1,4 +1,4 @@
-"""The GPU recipes ``train=vicuna7b`` (EAGLE-2 head, ShareGPT's own answers) and ``train=llama31_8b``
+"""The GPU recipes ``train=vicuna7b`` (EAGLE-2 head, ShareGPT's own answers, online features) and ``train=llama31_8b``
 (EAGLE-3 head, the target's own answers, 7 steps weighted 0.8^i) compose with the authors' settings and
 dry-run end to end through the real stages (corpus -> training -> export -> loading back) on a tiny random
 Llama at a tiny shape (no weights downloaded; CPU, seconds)."""
@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from eagle2.training.corpus import build_corpus, corpus_tap_layers
 from eagle2.training.recipe import eagle3_stage, head_stage
+from eagle2.training.token_shards import write_token_shard
 from tests.test_training import PROMPTS, ByteTokenizer, tiny_target, train_losses
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -28,10 +29,10 @@ def test_vicuna7b_recipe_has_the_authors_eagle2_settings():
     cfg = recipe("vicuna7b")
     h = cfg.train.head
     assert cfg.model.name == "vicuna7b" and cfg.model.hub_id == "lmsys/vicuna-7b-v1.3"
-    assert cfg.train.corpus.responses == "dataset" and not cfg.train.corpus.tap_layers  # ShareGPT's own answers
+    assert cfg.train.corpus.out_dir == cfg.train.sharegpt.out_dir  # ShareGPT's own answers, as token shards
+    assert cfg.train.sharegpt.max_tokens == 2048 and not h.init_from and not h.cls_vocab_size
     assert (h.lr, list(h.betas), h.epochs, h.w_reg, h.w_cls, h.noise, h.grad_clip) == (
         3e-5, [0.9, 0.95], 20, 1.0, 0.1, 0.1, 0.5)
-    assert cfg.train.corpus.max_new_tokens == cfg.train.corpus.max_prompt_tokens == 2048
     assert h.token_budget == 4 * 2048 and h.max_batch == 4 and h.resident_shards
     assert not str(cfg.train.export.head).startswith("yuhuili")  # never over the authors' hub id
 
@@ -57,10 +58,18 @@ def test_recipe_dry_runs_on_a_tiny_llama(name, section, kind, tmp_path):
                  *(["train.eagle3.draft_vocab_size=48"] if kind == "eagle3" else []))
     target = tiny_target(layers=6)  # a LlamaForCausalLM, the family of both targets
     c = cfg.train.corpus
-    answers = [f"answer {i}: {'xy' * i}" for i in range(len(PROMPTS))] if c.responses == "dataset" else None
-    build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path / c.out_dir, template="vicuna", system_prompt="S",
-                 batch_size=2, max_new_tokens=16, max_prompt_tokens=128, temperature=c.temperature,
-                 samples_per_prompt=1, seed=0, answers=answers, tap_layers=corpus_tap_layers(target, c.tap_layers))
+    if kind == "head":  # ShareGPT's format: token shards (answer spans), trained with online features
+        g = torch.Generator().manual_seed(0)
+        (tmp_path / c.out_dir).mkdir(parents=True)
+        for k in range(4):
+            convs = [(torch.randint(3, 64, (40 + 8 * i,), generator=g).tolist(), [(10, 20), (30, 40 + 8 * i)])
+                     for i in range(4)]
+            write_token_shard(tmp_path / c.out_dir / f"tokens_{k:05d}.npz", convs)
+    else:  # the target's own answers, with the tapped layers' features
+        assert c.responses == "self"
+        build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path / c.out_dir, template="vicuna", system_prompt="S",
+                     batch_size=2, max_new_tokens=16, max_prompt_tokens=128, temperature=c.temperature,
+                     samples_per_prompt=1, seed=0, tap_layers=corpus_tap_layers(target, c.tap_layers))
     stage = head_stage if kind == "head" else eagle3_stage
     folder = stage(target, ByteTokenizer(), cfg, tmp_path)
     assert folder == tmp_path / "export"
@@ -78,5 +87,5 @@ def test_recipe_dry_runs_on_a_tiny_llama(name, section, kind, tmp_path):
     rows = train_losses(tmp_path / cfg.train[section].out_dir, "world_size")
     assert sorted(rows) == [1, 2, 3] and set(rows.values()) == {1}
     state = torch.load(tmp_path / cfg.train[section].out_dir / "checkpoint.pt", weights_only=True)
-    wired = {"resident_shards": 2} | ({"unroll": 7, "step_decay": 0.8} if kind == "eagle3" else {})
+    wired = {"unroll": 7, "step_decay": 0.8, "resident_shards": 2} if kind == "eagle3" else {"features": "online"}
     assert {k: state["fingerprint"].get(k) for k in wired} == wired  # the recipe reached the trainer

@@ -277,7 +277,15 @@ def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
 
 def answer_token_counts(folder: str | Path) -> torch.Tensor:
     """How often each token id occurs in the corpus answers (``answer_mask`` honoured), indexed by id up
-    to the largest one seen."""
+    to the largest one seen; a token corpus (``tokens_*.npz`` only) counts its answer spans."""
+    from eagle2.training.data import is_token_corpus
+
+    if is_token_corpus(folder):
+        from eagle2.training.token_shards import read_token_shard, token_shard_paths
+
+        answers = [torch.tensor(ids[a:b]) for p in token_shard_paths(folder) for ids, spans in read_token_shard(p)[0]
+                   for a, b in spans]
+        return torch.bincount(torch.cat(answers).long(), minlength=1)
     counts = None
     for shard in iter_shards(folder):
         tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]

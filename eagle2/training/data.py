@@ -2,7 +2,8 @@
 
 A corpus (``corpus.py``) is a folder of ``shard_*.safetensors``; each holds concatenated sequences
 (``tokens``, post-norm ``features``, ``offsets``, ``response_start``, optionally ``answer_mask`` for sequences
-with several answers). Batches are right-padded,
+with several answers). A token corpus (``token_shards.py``: ``tokens_*.npz``) gives sequences without
+features, which ``online.OnlineFeatures`` fills batch by batch. Batches are right-padded,
 length-bucketed and in a fixed order per epoch drawn from the seed.
 
 Two ways to hold the training shards: all in memory (the default), or streamed (``resident_shards = k``:
@@ -25,7 +26,7 @@ from eagle2.training.corpus import read_shards
 
 class Sequence(NamedTuple):
     tokens: torch.Tensor  # (n,) int
-    features: torch.Tensor  # (n, H) post-norm hidden states, usually fp16
+    features: torch.Tensor | None  # (n, H) post-norm hidden states, usually fp16; None: made online
     start: int  # index of the first answer token
     layer_features: torch.Tensor | None = None  # (n, k*H) inputs of the tapped layers (EAGLE-3), if recorded
     answer_mask: torch.Tensor | None = None  # (n,) bool answer tokens (several answers); None: from ``start`` on
@@ -42,15 +43,16 @@ def shard_index(path: Path) -> int:
     return int(match.group(1)) if match else 0
 
 
-def split_shards(folder: str | Path, val_fraction: float) -> tuple[list[Path], list[Path]]:
+def split_shards(folder: str | Path, val_fraction: float, pattern: str = "shard_*.safetensors"
+                 ) -> tuple[list[Path], list[Path]]:
     """(train, val) shard paths: every ``round(1/val_fraction)``-th shard index is held out.
 
     Shard indices follow prompt length, so this spreads the held-out prompts over all lengths. With
     too few shards for that rule the last shard is held out (if there are at least two).
     """
-    paths = sorted(Path(folder).glob("shard_*.safetensors"), key=shard_index)
+    paths = sorted(Path(folder).glob(pattern), key=shard_index)
     if not paths:
-        raise FileNotFoundError(f"no corpus shards (shard_*.safetensors) in {folder}")
+        raise FileNotFoundError(f"no corpus shards ({pattern}) in {folder}")
     if val_fraction <= 0 or len(paths) < 2:
         return paths, []
     k = max(2, round(1 / val_fraction))
@@ -78,6 +80,26 @@ def load_sequences(paths) -> list[Sequence]:
     return seqs
 
 
+def token_sequences(paths) -> list[Sequence]:
+    """Sequences of token shards (``tokens_*.npz``), without features: ``start`` is the first answer
+    token, ``answer_mask`` marks every answer span."""
+    from eagle2.training.token_shards import answer_mask, read_token_shard
+
+    seqs = []
+    for path in paths:
+        for ids, spans in read_token_shard(path)[0]:
+            if spans and len(ids) >= 2:
+                seqs.append(Sequence(torch.tensor(ids, dtype=torch.int32), None, min(a for a, _ in spans), None,
+                                     answer_mask(len(ids), spans).bool()))
+    return seqs
+
+
+def is_token_corpus(folder: str | Path) -> bool:
+    """Whether ``folder`` holds token shards and no feature shards (train it with online features)."""
+    folder = Path(folder)
+    return any(folder.glob("tokens_*.npz")) and not any(folder.glob("shard_*.safetensors"))
+
+
 def all_sequences(folder: str | Path) -> list[Sequence]:
     return [s for shard in read_shards(folder) for s in shard_sequences(shard)]
 
@@ -87,12 +109,17 @@ def train_val_sequences(corpus_dir: str | Path, val_fraction: float, max_train_s
                         ) -> tuple[list[Sequence], list[Sequence], dict[str, list[str]]]:
     """(train, val) sequences of a corpus, and the shard names each came from (``{"train": [...],
     "held_out": [...]}``, as read now: a corpus may grow later); ``max_train_sequences`` keeps that many
-    train sequences. ``resident_shards``: stream the train shards (``ShardedSequences``, at most that many
-    in memory) instead of loading them all; the held-out shards are loaded either way."""
-    train_paths, val_paths = split_shards(corpus_dir, val_fraction)
+    train sequences. ``resident_shards``: stream the train feature shards (``ShardedSequences``, at most that
+    many in memory) instead of loading them all; the held-out shards, and a token corpus (small: ids only),
+    are loaded either way."""
+    tokens_only = is_token_corpus(corpus_dir)
+    load = token_sequences if tokens_only else load_sequences
+    train_paths, val_paths = split_shards(corpus_dir, val_fraction, "tokens_*.npz" if tokens_only else
+                                          "shard_*.safetensors")
     shards = {"train": [p.name for p in train_paths], "held_out": [p.name for p in val_paths]}
-    train = ShardedSequences(train_paths, int(resident_shards)) if resident_shards else load_sequences(train_paths)
-    return evenly_spaced(train, max_train_sequences), load_sequences(val_paths), shards
+    streamed = resident_shards and not tokens_only
+    train = ShardedSequences(train_paths, int(resident_shards)) if streamed else load(train_paths)
+    return evenly_spaced(train, max_train_sequences), load(val_paths), shards
 
 
 def evenly_spaced(seqs, count: int | None):
@@ -217,7 +244,8 @@ def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
-    """Right-padded batch: tokens (B, L), features (B, L, H) fp32, valid (B, L), start (B,),
+    """Right-padded batch: tokens (B, L), features (B, L, H) fp32 (when every sequence has them; else
+    ``online.OnlineFeatures`` adds them), valid (B, L), start (B,),
     layer_features (B, L, k*H) fp32 when every sequence has them, and ``answer`` (B, L) bool when some
     sequence has an ``answer_mask`` (the answer tokens; padding repeats the row's last value, so the
     positions it selects equal the ``start`` rule's for sequences without a mask)."""
@@ -228,8 +256,9 @@ def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
         tokens[row, : len(s.tokens)] = s.tokens
         valid[row, : len(s.tokens)] = True
     start = torch.tensor([s.start for s in seqs], dtype=torch.long)
-    batch = {"tokens": tokens.to(device), "features": _padded([s.features for s in seqs], width).to(device),
-             "valid": valid.to(device), "start": start.to(device)}
+    batch = {"tokens": tokens.to(device), "valid": valid.to(device), "start": start.to(device)}
+    if all(s.features is not None for s in seqs):  # else ``online.OnlineFeatures`` adds them
+        batch["features"] = _padded([s.features for s in seqs], width).to(device)
     if any(s.answer_mask is not None for s in seqs):
         answer = torch.zeros((len(seqs), width), dtype=torch.bool)
         for row, s in enumerate(seqs):

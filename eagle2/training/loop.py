@@ -122,8 +122,10 @@ class Trainer:
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence],
                  val_seqs: list[Sequence], cfg, out_dir: str | Path, *, desc: str, fingerprint_extra: dict,
-                 val_extra: Callable[[torch.nn.Module], dict] | None = None):
+                 val_extra: Callable[[torch.nn.Module], dict] | None = None,
+                 featurize: Callable[[dict], dict] | None = None):
         self.module, self.loss_fn, self.cfg, self.desc = module, loss_fn, cfg, desc
+        self.featurize = featurize  # fills a batch's features (``online.OnlineFeatures``); None: they are stored
         self.train_seqs, self.val_seqs = train_seqs, val_seqs
         self.val_extra = val_extra  # more held-out measures of the module at each validation (chain tau)
         self.out = Path(out_dir)
@@ -214,7 +216,7 @@ class Trainer:
     def validate(self) -> dict:
         stats = evaluate_loss(self.module, self.loss_fn, self.val_seqs, token_budget=self.cfg.token_budget,
                               max_batch=self.cfg.max_batch, max_sequences=self.cfg.val_max_sequences,
-                              device=self.device)
+                              device=self.device, featurize=self.featurize)
         if stats and self.val_extra is not None:
             was_training = self.module.training
             stats |= self.val_extra(self.module.eval())
@@ -237,6 +239,8 @@ class Trainer:
         stats, positions, tokens = {"n": 0}, 0, 0
         if self.rank < len(group):
             batch = collate([self.train_seqs[i] for i in group[self.rank]], self.device)
+            if self.featurize is not None:  # online features: the target's forward makes them
+                batch = self.featurize(batch)
             with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16,
                                 enabled=self.autocast is not None):
                 loss, stats = self.loss_fn(self.module, batch, generator=self.gen, train=True, with_stats=with_stats)
@@ -322,11 +326,13 @@ class Trainer:
 def fit(module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence], val_seqs: list[Sequence],
         cfg, out_dir: str | Path, *, stop_after: int | None = None,
         on_step: Callable[[int, dict], None] | None = None, desc: str = "train",
-        fingerprint_extra: dict | None = None, val_extra: Callable[[torch.nn.Module], dict] | None = None) -> dict:
+        fingerprint_extra: dict | None = None, val_extra: Callable[[torch.nn.Module], dict] | None = None,
+        featurize: Callable[[dict], dict] | None = None) -> dict:
     """Train ``module`` in place, resuming from ``out_dir/checkpoint.pt``; returns a summary.
     ``fingerprint_extra``: settings beyond the common ones that a checkpoint must have been written with;
-    ``val_extra(module)``: measures added to each validation row (e.g. the greedy-chain tau)."""
+    ``val_extra(module)``: measures added to each validation row (e.g. the greedy-chain tau);
+    ``featurize(batch)``: adds the features of a batch of token sequences (online features)."""
     trainer = Trainer(module, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc=desc,
-                      fingerprint_extra=fingerprint_extra or {}, val_extra=val_extra)
+                      fingerprint_extra=fingerprint_extra or {}, val_extra=val_extra, featurize=featurize)
     trainer.resume()
     return trainer.run(stop_after=stop_after, on_step=on_step)

@@ -14,7 +14,7 @@ from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
-EXTRA_STAGES = ("conversations", "features")  # run only when named (hours of decoding; not part of ``all``)
+EXTRA_STAGES = ("conversations", "features", "sharegpt")  # run only when named (not part of ``all``)
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 DATA_PARALLEL_STAGES = ("head", "eagle3", "draft")  # the stages torchrun may run (rank 0 exports)
 
@@ -62,6 +62,20 @@ def conversations_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
         batch_size=c.batch_size, max_user_tokens=c.max_user_tokens, min_user_tokens=c.min_user_tokens,
         max_answer_tokens=c.max_answer_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed,
         stop_tokens=c.stop_tokens, ngram=c.ngram, near_duplicate=c.near_duplicate)
+
+
+def sharegpt_stage(tokenizer, sg_cfg, root: Path) -> Path:
+    """ShareGPT token shards (``train.sharegpt``): the dataset's own answers, rendered by the target's template."""
+    from eagle2.training.sharegpt import build_sharegpt_shards
+
+    c = sg_cfg
+    out = root / c.out_dir
+    summary = build_sharegpt_shards(tokenizer, out, template=c.template, system_prompt=c.system_prompt,
+                                    path=c.path, stop_tokens=c.stop_tokens, max_tokens=c.max_tokens,
+                                    per_shard=c.per_shard, limit=c.limit, ngram=c.ngram)
+    print(f"[sharegpt] kept {summary['kept']} of {summary['read']} conversations, {summary['tokens']} tokens "
+          f"({summary['answer_tokens']} answer); dropped {summary['dropped']}", flush=True)
+    return out
 
 
 def features_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
@@ -234,6 +248,8 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     stages = stages_of(stage)
     if "conversations" in stages:
         _say(f"[train_head] conversations: {conversations_stage(target, tokenizer, cfg.train.conversations, root)}")
+    if "sharegpt" in stages:
+        _say(f"[train_head] sharegpt: {sharegpt_stage(tokenizer, cfg.train.sharegpt, root)}")
     if "features" in stages:
         _say(f"[train_head] features: {features_stage(target, tokenizer, cfg.train.conversations, root)}")
     if "corpus" in stages:

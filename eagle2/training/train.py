@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from eagle2.heads.eagle_head import EagleHead
-from eagle2.training.data import Sequence, train_val_sequences
-from eagle2.training.loop import fit
+from eagle2.training.data import Sequence, is_token_corpus, train_val_sequences
+from eagle2.training.loop import autocast_dtype, fit
 from eagle2.training.losses import LossProjection, draft_loss, head_loss
 from eagle2.training.models import new_head
+from eagle2.training.online import OnlineFeatures
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -40,6 +41,25 @@ def _sequences(corpus_dir, cfg, val_seqs: list[Sequence] | None = None
     return train, (val if val_seqs is None else val_seqs), shards
 
 
+def _featurizer(target, corpus_dir, cfg, tap_layers=()) -> OnlineFeatures | None:
+    """Online features for a token corpus (``data.is_token_corpus``), in the training autocast dtype; None
+    for a feature corpus."""
+    if not is_token_corpus(corpus_dir):
+        return None
+    return OnlineFeatures(target, tap_layers, autocast_dtype(cfg.get("autocast", "auto"), target.device))
+
+
+def _cls_vocab(corpus_dir, cfg) -> torch.Tensor | None:
+    """The token ids the soft cross-entropy runs over (``cfg.cls_vocab_size`` most frequent answer tokens,
+    the head's drafting vocabulary); None: the full vocabulary."""
+    size = cfg.get("cls_vocab_size")
+    if not size:
+        return None
+    from eagle2.training.corpus import tokens_by_frequency
+
+    return tokens_by_frequency(corpus_dir, limit=int(size))
+
+
 def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, val_seqs: list[Sequence] | None = None,
                **kwargs) -> tuple[EagleHead, dict]:
     """Train an EAGLE head on ``corpus_dir``; checkpoints and metrics go to ``out_dir``. ``val_seqs``: the
@@ -47,14 +67,19 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, val_seq
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
-    head, loss_fn, extra = head_setup(target, cfg)
-    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra, **kwargs)
+    head, loss_fn, extra = head_setup(target, cfg, _cls_vocab(corpus_dir, cfg))
+    featurize = _featurizer(target, corpus_dir, cfg)
+    if featurize is not None:
+        extra["features"] = "online"
+    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra,
+                  featurize=featurize, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
     return head.eval(), summary
 
 
-def head_setup(target, cfg) -> tuple[EagleHead, object, dict]:
-    """(fresh or continued EAGLE head, its loss function, its fingerprint settings) for ``cfg``."""
+def head_setup(target, cfg, cls_vocab: torch.Tensor | None = None) -> tuple[EagleHead, object, dict]:
+    """(fresh or continued EAGLE head, its loss function, its fingerprint settings) for ``cfg``; the soft
+    cross-entropy runs over ``cls_vocab`` (None: the full vocabulary)."""
     head = new_head(target, cfg.init_from_target, cfg.num_layers)
     if cfg.init_from:  # continue from a trained head (published format); its draft vocabulary too
         from eagle2.heads.eagle_head import load_head
@@ -62,12 +87,16 @@ def head_setup(target, cfg) -> tuple[EagleHead, object, dict]:
         start = load_head(cfg.init_from, target)
         head.load_state_dict(start.state_dict(), strict=False)
         head.draft_vocab = start.draft_vocab
-    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
+    if cls_vocab is not None:  # it drafts over the vocabulary it was trained over
+        head.draft_vocab = cls_vocab.clone()
+    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype), cls_vocab)
     unroll = int(cfg.unroll)
     loss_fn = partial(head_loss, proj=proj, noise=cfg.noise, w_reg=cfg.w_reg, w_cls=cfg.w_cls, unroll=unroll,
                       unroll_cls_fraction=float(cfg.unroll_cls_fraction))
     # (the unroll settings are in the fingerprint only when unrolling: older checkpoints still resume)
     extra = {} if unroll == 1 else {"unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction)}
+    if cls_vocab is not None:
+        extra["cls_vocab_size"] = len(cls_vocab)
     return head, loss_fn, extra
 
 
@@ -95,7 +124,11 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
     head, loss_fn, extra = eagle3_setup(target, corpus_dir, cfg)
-    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra, **kwargs)
+    featurize = _featurizer(target, corpus_dir, cfg, head.feature_layers)
+    if featurize is not None:
+        extra["features"] = "online"
+    summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra,
+                  featurize=featurize, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
     return head.eval(), summary
 

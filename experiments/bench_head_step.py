@@ -1,0 +1,111 @@
+"""Benchmark: one EAGLE-head training step with the soft cross-entropy over the full vocabulary against the
+same step over the drafting vocabulary (``train.head.cls_vocab_size``), side by side, on SmolLM2.
+
+Batches are real conversations (the tracked self-instruct token shards, or ``--corpus``), featurized once by
+the target (online features; that forward is timed on its own, since it costs the same for either loss).
+Each variant runs ``--steps`` optimizer steps per repetition, in alternating order over ``--reps``
+repetitions, under the training's own autocast and loss-dtype rules for this CPU; prints tokens/s per step
+for each and the median ratio. With ``--quality-steps N`` it also trains a fresh head N steps with each loss
+and prints the held-out top-1 (full-vocabulary agreement, fp32) of both at equal steps.
+Run: ``python -m experiments.bench_head_step``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import torch
+from omegaconf import OmegaConf
+
+from eagle2.core.cpu import cpu_kind
+from eagle2.training.data import collate, make_batches, split_shards, token_sequences
+from eagle2.training.loop import autocast_dtype
+from eagle2.training.losses import LossProjection, evaluate_loss, head_loss
+from eagle2.training.models import new_head
+from eagle2.training.online import OnlineFeatures
+from eagle2.training.train import _dtype
+
+
+def _batches(corpus: str, token_budget: int, count: int, val_fraction: float = 0.1):
+    train_paths, val_paths = split_shards(corpus, val_fraction, "tokens_*.npz")
+    seqs = token_sequences(train_paths)
+    plan = make_batches([len(s.tokens) for s in seqs], token_budget, 32, seed=0, epoch=0)
+    return [[seqs[i] for i in b] for b in plan[:count]], token_sequences(val_paths)
+
+
+def _step(head, opt, loss_fn, batch, amp):
+    with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+        loss, _ = loss_fn(head, batch, train=True, with_stats=False)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--corpus", default="artifacts/corpus/smollm2_conversations")
+    ap.add_argument("--token-budget", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cls-vocab-size", type=int, default=16384)
+    ap.add_argument("--quality-steps", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from eagle2.bench.models import load_target
+    from eagle2.training.corpus import tokens_by_frequency
+
+    target, _ = load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}),
+                            kernels="stock")
+    target.requires_grad_(False)
+    amp = autocast_dtype("auto", torch.device("cpu"))
+    featurize = OnlineFeatures(target, (), amp)
+    raw, val = _batches(args.corpus, args.token_budget, args.steps * 2 + args.quality_steps)
+    t0 = time.perf_counter()
+    batches = [featurize(collate(b, "cpu")) for b in raw[: args.steps]]
+    feat_s = (time.perf_counter() - t0) / len(batches)
+    tokens = sum(int(b["valid"].sum()) for b in batches)
+    vocab = tokens_by_frequency(args.corpus, limit=args.cls_vocab_size)
+    lm_head, ldt = target.get_output_embeddings(), _dtype("auto")
+    variants = {"full": LossProjection(lm_head, ldt), f"vocab{len(vocab)}": LossProjection(lm_head, ldt, vocab)}
+    heads = {}
+    for name, proj in variants.items():
+        torch.manual_seed(0)
+        head = new_head(target)
+        heads[name] = (head, torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-4),
+                       partial(head_loss, proj=proj, noise=0.1, w_reg=1.0, w_cls=0.1))
+        _step(*heads[name], batches[0], amp)  # warm-up
+    rates = {name: [] for name in heads}
+    for rep in range(args.reps):
+        for name in (list(heads) if rep % 2 == 0 else list(heads)[::-1]):
+            t0 = time.perf_counter()
+            for b in batches:
+                _step(*heads[name], b, amp)
+            rates[name].append(tokens / (time.perf_counter() - t0))
+    names = list(heads)
+    ratios = [b / a for a, b in zip(rates[names[0]], rates[names[1]])]
+    print(f"CPU {cpu_kind()}, {torch.get_num_threads()} thread(s), autocast {amp}, loss dtype {ldt}; "
+          f"{len(batches)} batches x {tokens // len(batches)} real tokens")
+    for name in names:
+        print(f"  {name:>10}: {statistics.median(rates[name]):7.0f} tokens/s per step (reps: "
+              + ", ".join(f"{r:.0f}" for r in rates[name]) + ")")
+    print(f"  median ratio {names[1]}/{names[0]}: {statistics.median(ratios):.2f}x; the online feature forward "
+          f"alone: {tokens / len(batches) / feat_s:.0f} tokens/s (the same for both)")
+    if args.quality_steps:
+        cfg = dict(token_budget=args.token_budget, max_batch=32, max_sequences=48, device="cpu", featurize=featurize)
+        for name, proj in variants.items():
+            torch.manual_seed(0)
+            head = new_head(target)
+            opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-3)
+            loss_fn = partial(head_loss, proj=proj, noise=0.1, w_reg=1.0, w_cls=0.1)
+            for b in raw[: args.quality_steps]:
+                _step(head, opt, loss_fn, featurize(collate(b, "cpu")), amp)
+            stats = evaluate_loss(head, loss_fn, val, **cfg)
+            print(f"  {name:>10}: held-out top-1 {stats['top1']:.3f} after {args.quality_steps} steps (fresh head)")
+
+
+if __name__ == "__main__":
+    main()

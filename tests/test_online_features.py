@@ -1,0 +1,81 @@
+"""Online features (the target's forward inside the training step) and the drafting-vocabulary loss: the
+features equal those of the offline feature shards, a head trains on a token corpus alone, and the
+restricted soft cross-entropy is the full one over the kept rows (tiny random targets, seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle2.training.data import collate, is_token_corpus, load_sequences, split_shards, token_sequences
+from eagle2.training.losses import LossProjection, soft_cross_entropy
+from eagle2.training.online import OnlineFeatures
+from eagle2.training.token_shards import tokens_to_features, write_token_shard
+from eagle2.training.train import train_head
+from tests.test_training import head_cfg, tiny_target
+
+
+@pytest.fixture(scope="module")
+def token_corpus(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    out = tmp_path_factory.mktemp("tokens")
+    for shard in range(4):
+        convs = []
+        for _ in range(6):
+            n = int(torch.randint(12, 40, (1,), generator=g))
+            ids = torch.randint(2, 64, (n,), generator=g).tolist()
+            convs.append((ids, [(4, n // 2), (n // 2 + 3, n)]))
+        write_token_shard(out / f"tokens_{shard:05d}.npz", convs)
+    return out
+
+
+def test_online_features_equal_the_offline_shards(token_corpus, tmp_path):
+    target = tiny_target()
+    feature_dir = tokens_to_features(target, token_corpus, tmp_path / "features", pad_id=0, tap_layers=(0, 2))
+    assert is_token_corpus(token_corpus) and not is_token_corpus(feature_dir)
+    paths = split_shards(token_corpus, 0.25, "tokens_*.npz")[0]
+    online = token_sequences(paths)
+    offline = load_sequences([feature_dir / p.name.replace("tokens_", "shard_").replace(".npz", ".safetensors")
+                              for p in paths])
+    assert [s.tokens.tolist() for s in online] == [s.tokens.tolist() for s in offline]
+    batch = OnlineFeatures(target, (0, 2))(collate(online[:5], "cpu"))
+    ref = collate(offline[:5], "cpu")
+    assert torch.equal(batch["answer"], ref["answer"]) and torch.equal(batch["start"], ref["start"])
+    valid = ref["valid"]
+    for key in ("features", "layer_features"):  # offline shards store fp16
+        torch.testing.assert_close(batch[key][valid], ref[key][valid], atol=2e-2, rtol=1e-2)
+    kept = dict(ref)
+    assert OnlineFeatures(target)(kept) is kept and torch.equal(kept["features"], ref["features"])
+
+
+def test_a_head_trains_on_a_token_corpus_with_online_features(token_corpus, tmp_path):
+    target = tiny_target()
+    _, summary = train_head(target, token_corpus, head_cfg(epochs=6, autocast="off", cls_vocab_size=48),
+                            tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r["split"] == "train"]
+    assert summary["step"] >= 12 and sum(losses[-3:]) < sum(losses[:3])
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert ckpt["fingerprint"]["features"] == "online" and ckpt["fingerprint"]["cls_vocab_size"] == 48
+
+
+def test_drafting_vocabulary_cross_entropy_is_the_full_one_over_its_rows():
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(16, 50, bias=False)
+    ids = torch.tensor([3, 7, 1, 40, 22, 9, 31])
+    x = torch.randn(23, 16, requires_grad=True)
+    y = torch.randn(23, 16)
+    proj = LossProjection(lm_head, torch.float32, ids)
+    loss, _ = soft_cross_entropy(x, y, proj, topk=0, chunk=5)
+    loss.backward()
+    x2 = x.detach().clone().double().requires_grad_(True)
+    w = lm_head.weight.detach().double()[ids]
+    q = torch.softmax(y.double() @ w.T, -1)
+    naive = -(q * torch.log_softmax(x2 @ w.T, -1)).sum(-1).mean()
+    naive.backward()
+    assert loss.item() == pytest.approx(naive.item(), rel=1e-5)
+    torch.testing.assert_close(x.grad.double(), x2.grad, atol=1e-6, rtol=1e-4)
+    full = proj.exact()  # validation and evaluation use the full vocabulary
+    assert full.weight.shape == lm_head.weight.shape and full is not proj
