@@ -120,11 +120,11 @@ def main() -> None:
                str(args.steps), "--resident", str(args.resident), "--threads", str(args.threads)]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"{'mode':24} {'RSS after load':>15} {'peak RSS':>9} {'corpus share':>13} {'tok/s per step':>15}")
+    print(f"{'mode':24} {'RSS after load':>15} {'peak RSS':>9} {'above load':>11} {'tok/s per step':>15}")
     for mode, r in results.items():
         label = mode if mode == "in memory" else f"streamed ({args.resident} resident)"
         print(f"{label:24} {r['rss_after_load_mb']:>12.0f} MB {r['peak_rss_mb']:>6.0f} MB "
-              f"{r['peak_rss_mb'] - r['rss_after_load_mb']:>10.0f} MB {r['tok_s']:>15.0f}")
+              f"{r['peak_rss_mb'] - r['rss_after_load_mb']:>8.0f} MB {r['tok_s']:>15.0f}")
     mem, stream = results["in memory"], results["streamed"]
     print(f"peak RSS streamed / in memory: {stream['peak_rss_mb'] / mem['peak_rss_mb']:.2f}; tok/s streamed / in "
           f"memory: {stream['tok_s'] / mem['tok_s']:.2f} (CPU kind {mem['cpu_kind']}, autocast {mem['autocast']})")
