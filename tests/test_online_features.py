@@ -79,3 +79,30 @@ def test_drafting_vocabulary_cross_entropy_is_the_full_one_over_its_rows():
     torch.testing.assert_close(x.grad.double(), x2.grad, atol=1e-6, rtol=1e-4)
     full = proj.exact()  # validation and evaluation use the full vocabulary
     assert full.weight.shape == lm_head.weight.shape and full is not proj
+
+
+def test_a_fresh_clone_continues_from_the_committed_resume_state(token_corpus, tmp_path):
+    """No checkpoint.pt (never committed), but ``resume_dir``: the run goes on at the step, epoch, batch and
+    learning rate where the committed state was written, keeping its metrics rows; the weights are that
+    state's (bf16). Without the state it would start again at step 0."""
+    target = tiny_target()
+    cfg = head_cfg(epochs=4, autocast="off", checkpoint_every=3, resume_dir=str(tmp_path / "committed"))
+    _, first = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=6)
+    assert first["partial"] and (tmp_path / "committed" / "resume.json").exists()
+    (tmp_path / "run" / "checkpoint.pt").unlink()  # a fresh clone has only what is committed
+    ran = []
+    head, summary = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=7,
+                               on_step=lambda step, stats: ran.append(step))
+    assert ran == [7]  # one step: it went on from step 6
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert steps == list(range(1, 8)) and summary["step"] == 7
+    cfg_plain = head_cfg(epochs=4, autocast="off", checkpoint_every=3)
+    train_head(target, token_corpus, cfg_plain, tmp_path / "uninterrupted", stop_after=7)
+    plain = [json.loads(r) for r in (tmp_path / "uninterrupted" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["lr"] == pytest.approx(plain[-1]["lr"], rel=1e-9)  # the schedule went on where it was
+    assert rows[-1]["loss"] == pytest.approx(plain[-1]["loss"], rel=0.2)  # near, not equal: warm moments
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "committed" / "trainable.safetensors"))
+    assert saved["fc.weight"].dtype == torch.bfloat16

@@ -13,6 +13,12 @@ union and one process trains on the same batches in the same order; gradients ar
 update. Rank 0 alone writes the checkpoint (with every rank's RNG) and ``metrics.jsonl``; a checkpoint
 resumes only with the world size it was written with. One process is the world size 1 and unchanged.
 
+A fresh clone has no ``checkpoint.pt`` (it is GBs of optimizer state for large heads, and never committed).
+With ``cfg.resume_dir`` set, every checkpoint also writes a small committed-size state there
+(``trainable.safetensors``: the trained weights in bf16; ``resume.json``: fingerprint, position, tokens,
+curve, the metrics rows): a run that finds no checkpoint but that state continues from it at the same
+step, epoch and batch (a warm resume: the weights are bf16-rounded and AdamW's moments start again).
+
 Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
 bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
 state; validation always runs in fp32. Train rows record ``tok_s``, ``cpu_kind``, ``autocast``, ``threads``,
@@ -174,8 +180,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ checkpoint
     def resume(self) -> None:
-        """Continue from ``checkpoint.pt`` if there is one (written by the same run)."""
+        """Continue from ``checkpoint.pt`` if there is one (written by the same run), else from the
+        committed ``cfg.resume_dir`` state if there is one."""
         if not self.ckpt.exists():
+            self.resume_warm()
             return
         state = torch.load(self.ckpt, map_location=self.device, weights_only=True)
         written = int(state["fingerprint"].get("world_size", 1))
@@ -199,12 +207,61 @@ class Trainer:
         if distributed.is_main():
             tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
 
+    def resume_warm(self) -> None:
+        """Continue from ``cfg.resume_dir`` (module docstring), when it holds this run's state."""
+        folder = self.cfg.get("resume_dir")
+        state_path = Path(folder) / "resume.json" if folder else None
+        if state_path is None or not state_path.exists():
+            return
+        from safetensors.torch import load_file
+
+        state = json.loads(state_path.read_text())
+        if state["fingerprint"] != json.loads(json.dumps(self.fingerprint)):
+            raise ValueError(f"{state_path} was written by a different run ({state['fingerprint']} vs "
+                             f"{self.fingerprint}); set resume_dir to another folder or delete it")
+        weights = load_file(str(Path(folder) / "trainable.safetensors"))
+        own = self.module.state_dict()
+        self.module.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()}, strict=False)
+        self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
+        self.tokens_trained, self.curve = state["tokens_trained"], list(state["curve"])
+        self.sched.last_epoch = self.step - 1  # the LR schedule continues where it was
+        self.sched.step()
+        self.gen.manual_seed(int(self.cfg.seed) + 7919 * self.step + 104729 * self.rank)  # (rank 0: as one process)
+        self.saved_at = self.step
+        if not distributed.is_main():
+            return
+        (self.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in state.get("rows", [])))
+        tqdm.write(f"[{self.desc}] warm-resumed from {folder} at step {self.step}/{self.total} "
+                   "(fresh optimizer moments)")
+
+    def save_warm(self) -> None:
+        """Write the committed-size state to ``cfg.resume_dir`` (when set), atomically per file."""
+        folder = self.cfg.get("resume_dir")
+        if not folder:
+            return
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in trainable_state(self.module).items()
+                   if v.is_floating_point()}
+        save_file(weights, str(folder / "trainable.safetensors.tmp"))
+        os.replace(folder / "trainable.safetensors.tmp", folder / "trainable.safetensors")
+        metrics = self.out / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        rows = [json.loads(line) for line in lines if line.strip()]
+        state = {"fingerprint": self.fingerprint, "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
+                 "tokens_trained": self.tokens_trained, "curve": self.curve, "rows": rows}
+        (folder / "resume.json.tmp").write_text(json.dumps(state) + "\n")
+        os.replace(folder / "resume.json.tmp", folder / "resume.json")
+
     def save(self) -> None:
         """Write ``checkpoint.pt`` (rank 0; every rank's RNG gathered into it when there are several)."""
         rngs = distributed.all_gather_objects((self.gen.get_state(), torch.get_rng_state())) if self.world > 1 else None
         self.saved_at = self.step
         if not distributed.is_main():
             return
+        self.save_warm()
         save_checkpoint(self.ckpt, {
             **({"rank_rng": rngs} if rngs else {}),
             "model": trainable_state(self.module), "optimizer": self.opt.state_dict(),
