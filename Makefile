@@ -80,12 +80,14 @@ THREADS ?= 1
 NICE ?= 10
 KIND = $(shell $(PY) -c "from eagle2.core.cpu import cpu_kind; print(cpu_kind())")
 COMMIT = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+OVERRIDES ?=
+PAGE ?= docs/results/$(KIND).md
 RESULTS_DIR = $(RESULTS)/$(EXPERIMENT)/$(KIND)-$(COMMIT)-q$(LIMIT)-n$(MAX_NEW)
-RESULTS_RUN = run.py -m experiment=$(EXPERIMENT) method=$(METHODS) dataset.limit=$(LIMIT) max_new_tokens=$(MAX_NEW) threads=$(THREADS) paths.results=$(RESULTS_DIR)
+RESULTS_RUN = run.py -m experiment=$(EXPERIMENT) method=$(METHODS) dataset.limit=$(LIMIT) max_new_tokens=$(MAX_NEW) threads=$(THREADS) paths.results=$(RESULTS_DIR) $(OVERRIDES)
 
-results: install  ## run EXPERIMENT (LIMIT questions, MAX_NEW tokens, METHODS) here; write docs/results/<cpu-kind>.md and README's status
+results: install  ## run EXPERIMENT (LIMIT questions, MAX_NEW tokens, METHODS) here; write PAGE (docs/results/<cpu-kind>.md) and README's status
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline nice -n $(NICE) $(PY) $(RESULTS_RUN)
-	$(PY) -m analysis.report $(RESULTS_DIR) --out $(REPORT)/$(EXPERIMENT) --page docs/results/$(KIND).md --commit $(COMMIT) --command "python $(RESULTS_RUN)"
+	$(PY) -m analysis.report $(RESULTS_DIR) --out $(REPORT)/$(EXPERIMENT) --page $(PAGE) --commit $(COMMIT) --command "python $(RESULTS_RUN)"
 	$(PY) -m analysis.status
 
 status: install  ## rewrite README.md's status block from the pages in docs/results/
