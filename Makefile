@@ -83,7 +83,7 @@ COMMIT = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 OVERRIDES ?=
 PAGE ?= docs/results/$(KIND).md
 RESULTS_DIR = $(RESULTS)/$(EXPERIMENT)/$(KIND)-$(COMMIT)-q$(LIMIT)-n$(MAX_NEW)
-RESULTS_RUN = run.py -m experiment=$(EXPERIMENT) method=$(METHODS) dataset.limit=$(LIMIT) max_new_tokens=$(MAX_NEW) threads=$(THREADS) paths.results=$(RESULTS_DIR) $(OVERRIDES)
+RESULTS_RUN = $(strip run.py -m experiment=$(EXPERIMENT) method=$(METHODS) dataset.limit=$(LIMIT) max_new_tokens=$(MAX_NEW) threads=$(THREADS) paths.results=$(RESULTS_DIR) $(OVERRIDES))
 
 results: install  ## run EXPERIMENT (LIMIT questions, MAX_NEW tokens, METHODS) here; write PAGE (docs/results/<cpu-kind>.md) and README's status
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline nice -n $(NICE) $(PY) $(RESULTS_RUN)
