@@ -69,11 +69,13 @@ def _method_rank(method: str) -> int:
 
 
 def headline_table(rows: pd.DataFrame) -> str:
-    """Per model, benchmark and temperature: method, turns, tokens/s, speedup over plain, tau (markdown)."""
-    table = method_table(rows)
+    """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown)."""
+    limits = rows.groupby("config_hash").max_new_tokens.max() if "max_new_tokens" in rows else pd.Series(dtype=int)
+    table = method_table(rows).assign(limit=lambda t: t.config_hash.map(limits).fillna(-1).astype(int))
     out = []
-    for (model, dataset, temperature), g in table.groupby(["model", "dataset", "temperature"], sort=True):
-        out += [f"{model}, {TITLES.get(dataset, dataset)}, temperature {temperature:g}:", "",
+    for (model, dataset, temperature, limit), g in table.groupby(["model", "dataset", "temperature", "limit"]):
+        tokens = f", at most {limit} new tokens" if limit >= 0 else ""
+        out += [f"{model}, {TITLES.get(dataset, dataset)}, temperature {temperature:g}{tokens}:", "",
                 "| method | turns | tokens/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
         g = g.assign(rank=g.method.map(_method_rank)).sort_values(["rank", "method", "config_hash"])
         many = g.method.duplicated(keep=False)
