@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
+.PHONY: help install demo test test-slow lint results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,6 +71,27 @@ audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences
 
 bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; mt_bench + gsm8k)
 	$(PY) -m experiments.four_methods --results $(RESULTS)/four_methods
+
+# make results: the named experiment (conf/experiment/), its size, methods, threads and niceness
+EXPERIMENT ?= headline
+METHODS ?= plain,eagle2,eagle3,pld
+MAX_NEW ?= 64
+THREADS ?= 1
+NICE ?= 10
+KIND = $(shell $(PY) -c "from eagle2.core.cpu import cpu_kind; print(cpu_kind())")
+COMMIT = $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+OVERRIDES ?=
+PAGE ?= docs/results/$(KIND).md
+RESULTS_DIR = $(RESULTS)/$(EXPERIMENT)/$(KIND)-$(COMMIT)-q$(LIMIT)-n$(MAX_NEW)
+RESULTS_RUN = $(strip run.py -m experiment=$(EXPERIMENT) method=$(METHODS) dataset.limit=$(LIMIT) max_new_tokens=$(MAX_NEW) threads=$(THREADS) paths.results=$(RESULTS_DIR) $(OVERRIDES))
+
+results: install  ## run EXPERIMENT (LIMIT questions, MAX_NEW tokens, METHODS) here; write PAGE (docs/results/<cpu-kind>.md) and README's status
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline nice -n $(NICE) $(PY) $(RESULTS_RUN)
+	$(PY) -m analysis.report $(RESULTS_DIR) --out $(REPORT)/$(EXPERIMENT) --page $(PAGE) --commit $(COMMIT) --command "python $(RESULTS_RUN)"
+	$(PY) -m analysis.status
+
+status: install  ## rewrite README.md's status block from the pages in docs/results/
+	$(PY) -m analysis.status
 
 report: install  ## figures and tables from RESULTS into REPORT
 	$(PY) -m analysis.report $(RESULTS) --out $(REPORT)

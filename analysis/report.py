@@ -17,6 +17,10 @@ Reads every row and per-node record under RESULTS_DIR (``analysis.metrics``) and
 - ``summary.md``: what was written, what was skipped and why, the identity audit's totals, and the
   failures still standing.
 
+With ``--page PAGE [--command CMD]`` it also writes a machine's results page (``analysis.results_page``:
+the headline table stamped with commit, date, CPU kind and flags, dtype and the command that made the rows),
+e.g. ``docs/results/<cpu-kind>.md``, which ``python -m analysis.status`` copies into README.md.
+
 An input that is missing (no node records, no plain baseline, no tree-budget sweep) is skipped with a
 note. ``--wandb`` also logs the figures and tables (per-node records included) to an offline W&B run.
 """
@@ -47,6 +51,7 @@ from analysis.metrics import (
     tree_budget_table,
     variant_labels,
 )
+from analysis.results_page import write_page
 from analysis.tables import PUBLISHED, load_published, oracle_markdown, table1_frame, to_latex, to_markdown
 
 log = logging.getLogger(__name__)
@@ -292,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published", default=str(PUBLISHED), help="the paper's Table 1 (TSV)")
     ap.add_argument("--wandb", action="store_true", help="also log figures and tables to an offline W&B run")
     ap.add_argument("--wandb-project", default="eagle2")
+    ap.add_argument("--page", help="also write the stamped results page here (e.g. docs/results/<cpu-kind>.md)")
+    ap.add_argument("--command", default="not recorded", help="the command that produced the rows (stamped)")
+    ap.add_argument("--commit", help="the commit the rows were measured at (default: this checkout's HEAD)")
     args = ap.parse_args(argv)
     if not Path(args.results).is_dir():
         ap.error(f"results folder {args.results} does not exist")
@@ -302,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[report] {len(rep.written)} files in {args.out}; see {Path(args.out) / 'summary.md'}")
     for note in rep.notes:
         print(f"[report] skipped: {note}")
+    if args.page:
+        rows = load_rows(args.results)
+        if rows.empty:
+            print(f"[report] ERROR: no finished rows under {args.results}: no page written", file=sys.stderr)
+            return 1
+        print(f"[report] page {write_page(rows, args.page, args.command, args.commit)}")
     for err in rep.errors:
         print(f"[report] ERROR: {err}", file=sys.stderr)
     return 1 if rep.errors else 0

@@ -229,3 +229,24 @@ def test_failures_stand_until_a_later_success(tmp_path):
     assert sorted(standing.scope) == ["cell", "turn"]
     store(tmp_path / "two", [cell_fail, turn_fail, ok_later, {**row("eagle2", 7, 4, 1.0), "config_hash": "b"}])
     assert load_failures(tmp_path / "two").empty
+
+
+def test_report_writes_a_stamped_results_page(sweep, tmp_path):
+    """``--page``: the page's table holds method_table's numbers, and the stamp names commit, machine, command."""
+    from analysis.results_page import headline_block, stamp_of
+
+    results, _ = sweep
+    page = tmp_path / "docs" / "results" / "kind.md"
+    assert main([str(results), "--out", str(tmp_path / "out"), "--page", str(page), "--commit", "abc1234",
+                 "--command", "python run.py -m experiment=headline"]) == 0
+    text = page.read_text()
+    stamp = stamp_of(text)
+    assert stamp["Commit"] == "`abc1234`" and stamp["Command"] == "`python run.py -m experiment=headline`"
+    rows = load_rows(results)
+    assert stamp["Machine"] == f"CPU kind {rows.cpu_kind.iloc[0]}" and stamp["Dtype"].split()[0] == rows.dtype.iloc[0]
+    assert "head `" in stamp["Drafters"]
+    block = headline_block(text)
+    for r in method_table(rows).itertuples():
+        line = f"| {r.turns} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} |"
+        assert line in block, line
+    assert main([str(tmp_path / "out"), "--out", str(tmp_path / "o2"), "--page", str(tmp_path / "p.md")]) == 1

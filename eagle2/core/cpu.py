@@ -17,7 +17,7 @@ def cpu_has_native_bf16() -> bool | None:
 
     Without it (e.g. AVX2 only) torch converts bf16 on the fly: a one-token forward is still cheaper
     than in fp32 (half the bytes to read), but a multi-token forward, such as a tree verification,
-    costs several times more (measured in README, "Precision"). An ``ONEDNN_MAX_CPU_ISA`` cap below
+    costs several times more (`make bench-engine` measures it; docs/precision.md). An ``ONEDNN_MAX_CPU_ISA`` cap below
     the bf16 instructions counts as their absence."""
     if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ISAS_WITHOUT_BF16:
         return False

@@ -4,11 +4,11 @@ On a CPU that multiplies bf16 natively (AVX512-BF16 / AMX), a bf16 ``nn.Linear``
 stored pays a layout conversion on every call; the same weight reordered once for oneDNN
 (``torch.ops.mkldnn._reorder_linear_weight``) and applied with ``_linear_pointwise`` costs about half as
 much per call at 1-17 rows with the weight in cache, and the same results; SmolLM2's whole bf16 forward
-gets 1.22x faster (README, "Speed"). ``accelerate(model, "auto")`` swaps
+gets faster (`make bench-engine` measures it). ``accelerate(model, "auto")`` swaps
 every bf16 CPU linear of ``model`` for a ``PackedLinear`` there and leaves every other model as it is
 (fp32 goes through MKL, GPUs through cuBLAS: nothing to gain). ``compile=True`` instead wraps the model's
 forward in ``torch.compile`` (inductor with weight freezing, which packs the weights itself; minutes of
-compile on a CPU, measured in README, "Speed").
+compile on a CPU).
 """
 
 from __future__ import annotations

@@ -174,22 +174,7 @@ def build_sharegpt_shards(tokenizer, out_dir: str | Path, *, template: str, syst
         totals.update(tokens=meta["tokens"], answer_tokens=meta["answer_tokens"])
         pending, index = [], index + 1
 
-    text = source.read_text(encoding="utf-8", errors="replace")
-    for record in iter_records(text, counts):
-        counts["read"] += 1
-        pair = normalise(record)
-        if pair is None:
-            counts["no_exchange"] += 1
-            continue
-        users, answers = pair
-        if any(dedup.held_out & _keys(u, ngram) for u in users):
-            counts["benchmark"] += 1
-            continue
-        why = dedup.reason(users[0])
-        if why:
-            counts[why] += 1
-            continue
-        dedup.add(users[0])
+    for record, users, answers in kept_records(source, counts, dedup):
         encoded = encode_with_spans(tokenizer, template, users, answers, system_prompt, stops, max_tokens)
         if encoded is None or not encoded[1]:
             counts["retokenized" if encoded is None else "prompt_too_long"] += 1
@@ -208,10 +193,28 @@ def build_sharegpt_shards(tokenizer, out_dir: str | Path, *, template: str, syst
     return summary
 
 
-def _keys(text: str, n: int) -> set[str]:
+def kept_records(source: Path, counts: Counter, dedup: Dedup) -> Iterator[tuple[dict, list[str], list[str]]]:
+    """(record, user turns, answers) of every conversation of ``source`` that passes the filters of the
+    module docstring (all but the length ones), in file order; ``counts`` gets ``read`` and each drop."""
     from eagle2.training.conversations import ngram_keys
 
-    return ngram_keys(text, n)
+    text = source.read_text(encoding="utf-8", errors="replace")
+    for record in iter_records(text, counts):
+        counts["read"] += 1
+        pair = normalise(record)
+        if pair is None:
+            counts["no_exchange"] += 1
+            continue
+        users, answers = pair
+        if any(dedup.held_out & ngram_keys(u, dedup.n) for u in users):
+            counts["benchmark"] += 1
+            continue
+        why = dedup.reason(users[0])
+        if why:
+            counts[why] += 1
+            continue
+        dedup.add(users[0])
+        yield record, users, answers
 
 
 def shard_summary(folder: str | Path) -> dict:

@@ -1,0 +1,130 @@
+"""A machine's generated results page, ``docs/results/<kind>.md`` (``python -m analysis.report RESULTS --page``).
+
+The page is stamped with what makes its figures reproducible: the commit, the date, the machine (CPU kind as
+``eagle2.core.cpu.cpu_kind`` names it, the CPU model and its bf16-relevant flags, the device), the dtype and
+kernels the rows record, and the exact command that produced the rows. Its table (per model, benchmark and
+temperature: every method's turns, tokens/s, speedup over plain decoding on the same turns, tau) sits between
+``<!-- headline:begin -->`` and ``<!-- headline:end -->``; ``python -m analysis.status`` copies that block
+into README.md, so every figure there has this page as its source.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.metrics import method_table
+from analysis.tables import TITLES
+from eagle2.core.cpu import cpu_kind
+
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+STAMP_KEYS = ("Commit", "Date", "Machine", "CPU", "Dtype", "Drafters", "Command")  # each a "- **Key**: value" line
+FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+METHOD_ORDER = ["plain", "sps", "pld", "medusa", "eagle", "eagle2", "eagle3", "oracle"]
+
+
+def git_commit(root: Path | None = None) -> str:
+    """HEAD's short hash, ``-dirty`` when tracked files differ from it; ``unknown`` outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``<model name>, <n> logical CPUs, flags: <the bf16-relevant ones present>`` (``unknown`` if unreadable)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown model")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    count = sum(ln.startswith("processor") for ln in lines)
+    shown = [f for f in FLAGS_SHOWN if f in flags] or ["none of " + ", ".join(FLAGS_SHOWN)]
+    return f"{model}, {count} logical CPUs, flags: {' '.join(shown)}"
+
+
+def _values(rows: pd.DataFrame, column: str) -> str:
+    if column not in rows:
+        return "not recorded"
+    return ", ".join(sorted(str(v) for v in rows[column].dropna().unique())) or "not recorded"
+
+
+def _weights(rows: pd.DataFrame) -> str:
+    """The drafter weights the rows used, ``key <content hash>`` (hub ids unhashed), or ``none``."""
+    seen = set()
+    for weights in rows.get("weights", pd.Series(dtype=object)).dropna():
+        seen |= {(k, str(v)[:12] if v else "hub") for k, v in weights.items()}
+    return ", ".join(f"{k} `{h}`" for k, h in sorted(seen)) or "none"
+
+
+def _method_rank(method: str) -> int:
+    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+
+
+def headline_table(rows: pd.DataFrame) -> str:
+    """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown)."""
+    limits = rows.groupby("config_hash").max_new_tokens.max() if "max_new_tokens" in rows else pd.Series(dtype=int)
+    table = method_table(rows).assign(limit=lambda t: t.config_hash.map(limits).fillna(-1).astype(int))
+    out = []
+    for (model, dataset, temperature, limit), g in table.groupby(["model", "dataset", "temperature", "limit"]):
+        tokens = f", at most {limit} new tokens" if limit >= 0 else ""
+        out += [f"{model}, {TITLES.get(dataset, dataset)}, temperature {temperature:g}{tokens}:", "",
+                "| method | turns | tokens/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
+        g = g.assign(rank=g.method.map(_method_rank)).sort_values(["rank", "method", "config_hash"])
+        many = g.method.duplicated(keep=False)
+        for r, several in zip(g.itertuples(), many):
+            name = f"{r.method} ({r.config_hash})" if several else r.method
+            speed = f"{r.speedup:.2f}x" if r.speedup == r.speedup else "no baseline"
+            out.append(f"| {name} | {r.turns} | {r.tokens_per_s:.1f} | {speed} | {r.tau:.2f} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def page_markdown(rows: pd.DataFrame, command: str, commit: str, date: str, cpu: str) -> str:
+    """The page's text: title, stamp lines (``STAMP_KEYS``), the marked headline table, how to regenerate it."""
+    kinds = _values(rows, "cpu_kind")
+    if kinds == "not recorded":
+        kinds = cpu_kind()
+    stamp = {"Commit": f"`{commit}`", "Date": date, "Machine": f"CPU kind {kinds}",
+             "CPU": cpu, "Dtype": f"{_values(rows, 'dtype')} (kernels: {_values(rows, 'kernels')})",
+             "Drafters": _weights(rows), "Command": f"`{command}`"}
+    lines = [f"# Results on a {kinds} machine", "",
+             "Generated by `python -m analysis.report RESULTS --page PAGE`; do not edit by hand.", ""]
+    lines += [f"- **{key}**: {stamp[key]}" for key in STAMP_KEYS]
+    lines += ["", "Speedup: tokens/s over plain decoding's on the same question turns (decode time only); "
+              "tau: tokens per target forward.", "", BEGIN, headline_table(rows).rstrip(), END, ""]
+    return "\n".join(lines)
+
+
+def write_page(rows: pd.DataFrame, path: str | Path, command: str, commit: str | None = None) -> Path:
+    """Write ``page_markdown`` for ``rows`` to ``path``, stamped now with this checkout's commit (or ``commit``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    path.write_text(page_markdown(rows, command, commit or git_commit(path.parent), date, cpu_description()))
+    return path
+
+
+def stamp_of(page_text: str) -> dict[str, str]:
+    """The stamp lines of a page's text, key -> value (missing keys absent)."""
+    out = {}
+    for line in page_text.splitlines():
+        for key in STAMP_KEYS:
+            prefix = f"- **{key}**: "
+            if line.startswith(prefix):
+                out[key] = line[len(prefix):].strip()
+    return out
+
+
+def headline_block(page_text: str) -> str:
+    """The text between the page's headline markers (ValueError when they are missing)."""
+    if BEGIN not in page_text or END not in page_text:
+        raise ValueError(f"no {BEGIN} ... {END} block")
+    return page_text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
