@@ -141,8 +141,8 @@ def test_identity_check_catches_broken_batching(positional, monkeypatch, control
 def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2):
     """run.py's path: MT-bench turns (later turns queued behind their first) at batch_size=2 store the same
     outputs as batch 1, with the batch fields; the batch keys enter the config hash only when B > 1."""
-    from eagle2.bench.results import config_hash
     from eagle2.bench.runner import run
+    from eagle2.results.store import config_hash
     from tests.test_runner import config, rows
 
     common = ["method=plain", "dataset=mt_bench", "dataset.limit=3", "max_new_tokens=8", "model.dtype=float32",

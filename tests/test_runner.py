@@ -110,7 +110,7 @@ def test_missing_embedded_package_names_the_setup_command(monkeypatch):
 
 
 def test_config_hash_tracks_what_changes_outputs():
-    from eagle2.bench.results import config_hash
+    from eagle2.results.store import config_hash
 
     base = config_hash(config("method=plain"))
     assert config_hash(config("method=plain", "model.eagle2.total_tokens=99", "model.head=x")) == base
@@ -141,9 +141,9 @@ def test_torn_last_line_is_moved_aside_and_redone_by_one_rerun(tmp_path):
 
 
 def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, monkeypatch):
-    from eagle2.bench import results
-    from eagle2.bench.results import StoreWriteError
     from eagle2.bench.runner import record_cell_failure
+    from eagle2.results import store as results
+    from eagle2.results.store import StoreWriteError
     from tests.test_results_store import FullDisk
 
     run(plain_cfg(tmp_path, 1))
@@ -163,8 +163,8 @@ def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, mon
 def test_second_writer_of_a_config_is_refused_and_records_nothing(tmp_path):
     import os
 
-    from eagle2.bench.results import ResultStore, StoreBusyError, config_hash
     from eagle2.bench.runner import record_cell_failure
+    from eagle2.results.store import ResultStore, StoreBusyError, config_hash
 
     cfg = plain_cfg(tmp_path, 1)
     with ResultStore.for_config(cfg, config_hash(cfg)) as first:

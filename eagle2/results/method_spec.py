@@ -2,15 +2,15 @@
 drafter weights it needs: its own ``conf/method/<name>.yaml`` (keys ``drafter``, a ``module.function``
 path, and ``weights``, model-config keys such as ``head`` or ``sps_draft``).
 
-``build_drafter`` (here), the runner's weight loading and the config hash all read it from here, so adding a
-method is one drafter module (with a ``build`` function) plus one YAML. A method config made in code
-without those keys (tests build ``{"name": "sps", "k": 2}``) takes them from the method's YAML.
-This module imports nothing heavy: the results store reads it too.
+The harness's ``build_drafter`` (``eagle2.bench.methods``), the runner's weight loading and the config
+hash all read it from here, so adding a method is one drafter module (with a ``build`` function) plus one
+YAML. A method config made in code without those keys (tests build ``{"name": "sps", "k": 2}``) takes
+them from the method's YAML. This module reads YAML only and imports no drafter: the results store
+(which keeps the spec keys out of the config hash) reads it too.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -51,18 +51,3 @@ def method_spec(method_cfg) -> MethodSpec:
         weights = yaml_weights if weights is None else weights
     return MethodSpec(str(name), str(drafter), tuple(weights))
 
-
-def drafter_factory(spec: MethodSpec):
-    module, _, function = spec.drafter.rpartition(".")
-    return getattr(importlib.import_module(module), function)
-
-
-def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None):
-    """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights,
-    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``."""
-    spec = method_spec(method_cfg)
-    given = {"head": head, "sps_draft": draft_model, **(weights or {})}
-    missing = [key for key in spec.weights if given.get(key) is None]
-    if missing:
-        raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")
-    return drafter_factory(spec)(method_cfg, target, params, generator, {k: given[k] for k in spec.weights})

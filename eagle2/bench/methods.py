@@ -1,0 +1,31 @@
+"""The method registry's harness half: build the drafter a method config names (its spec, which drafter
+and which weights, is read by ``eagle2.results.method_spec``), handing it its weights and, for an auto
+budget (``total_tokens=auto``), the cost profile the harness measures (``eagle2.bench.cost_profile``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from eagle2.results.method_spec import MethodSpec, method_spec
+
+
+def drafter_factory(spec: MethodSpec):
+    module, _, function = spec.drafter.rpartition(".")
+    return getattr(importlib.import_module(module), function)
+
+
+def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None):
+    """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights,
+    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``."""
+    spec = method_spec(method_cfg)
+    given = {"head": head, "sps_draft": draft_model, **(weights or {})}
+    missing = [key for key in spec.weights if given.get(key) is None]
+    if missing:
+        raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")
+    factory, chosen = drafter_factory(spec), {k: given[k] for k in spec.weights}
+    if str(method_cfg.get("total_tokens")) == "auto":
+        from eagle2.bench.cost_profile import auto_budget_profile
+
+        chosen["cost_profile"] = auto_budget_profile(method_cfg, target, chosen[spec.weights[0]],
+                                                     lambda cfg: factory(cfg, target, params, None, chosen))
+    return factory(method_cfg, target, params, generator, chosen)
