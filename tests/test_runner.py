@@ -39,6 +39,7 @@ def test_plain_rows_and_resume(tmp_path):
     assert len(first) == 3 and all(ROW_FIELDS <= set(r) for r in first)
     assert all(r["status"] == "ok" and r["new_tokens"] == len(r["output_ids"]) <= 6 for r in first)
     assert all(r["accept_lengths"] == [1] * (r["new_tokens"] - 1) for r in first)
+    assert cfg.model.dtype == "auto" and first[0]["dtype"] in ("bfloat16", "float32")  # run() left cfg as it was
     run(cfg)  # the same config again: nothing new
     assert len(rows(tmp_path)) == 3
     run(config("method=plain", "dataset=gsm8k", "dataset.limit=4", "max_new_tokens=6", f"paths.results={tmp_path}"))

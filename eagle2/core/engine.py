@@ -1,9 +1,10 @@
 """The decoding loop shared by every method: prefill, then rounds of propose -> verify -> accept -> commit.
 
-Plain decoding is the same loop with a drafter that proposes the root alone. The engine knows
-nothing about tokenization or about how a drafter builds its tree; drafters know nothing about
-verification. Token counting is one rule for every method: tokens appended to the output, cut
-after the first EOS and at ``max_new_tokens``.
+``decode_round`` is the one round, for one sequence (``generate``, with ``SingleVerifier``) or a batch of them
+(``eagle2.core.batch_engine``, with its ``BatchVerifier``). Plain decoding is the same loop with a drafter
+that proposes the root alone. The engine knows nothing about tokenization or about how a drafter
+builds its tree; drafters know nothing about verification. Token counting is one rule for every
+method: tokens appended to the output, cut after the first EOS and at ``max_new_tokens``.
 
 The drafter interface is ``eagle2.drafters.base.Drafter``.
 """
