@@ -69,8 +69,9 @@ endif
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0
 	$(PY) -m eagle2.identity $(RESULTS)
 
-bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; mt_bench + gsm8k)
-	$(PY) -m experiments.four_methods --results $(RESULTS)/four_methods
+bench-table: install  ## the four-method CPU table (plain, sps, eagle, eagle2; mt_bench + gsm8k): experiment=four_methods, then its report
+	$(PY) run.py -m experiment=four_methods paths.results=$(RESULTS)/four_methods
+	$(PY) -m analysis.report $(RESULTS)/four_methods --out $(REPORT)/four_methods
 
 # make results: the named experiment (conf/experiment/), its size, methods, threads and niceness
 EXPERIMENT ?= headline

@@ -3,7 +3,7 @@ the same batch size B, against B.
 
 ``scaling_table`` turns result rows (several ``batch_size`` values) into one line per (model, dataset,
 temperature, method, B): ``throughput`` (all new tokens over the batch's wall span, prefill included:
-``analysis.throughput``; at B = 1 the turns' summed time), the mean per-request decode rate and latency,
+``eagle2.results.throughput``; at B = 1 the turns' summed time), the mean per-request decode rate and latency,
 ``speedup`` = throughput / plain's throughput at the same B, and ``scaling`` = throughput / the same
 method's throughput at B = 1. ``scaling_figure`` draws throughput and speedup against B, one line per method
 (paper style); ``scaling_markdown`` is the side-by-side table. Reads rows only; never runs a model.
@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.figures import NAMES, PAPER_STYLE, save  # noqa: E402
-from analysis.throughput import batch_throughput  # noqa: E402
+from eagle2.results.throughput import batch_throughput  # noqa: E402
 
 SETTING = ["model", "dataset", "temperature"]
 COLUMNS = [*SETTING, "method", "batch_size", "turns", "new_tokens", "wall_span_s", "throughput", "speedup",

@@ -15,26 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.metrics import baseline_rows, load_rows, variant_labels
-from eagle2.bench.results import read_rows
+from eagle2.results.identity_records import load_audit_records
 
-RECORD_SUFFIX = ".identity.ndjson"
 STATUSES = ("identical", "numeric", "algorithmic", "unaudited", "no_plain")
 COLUMNS = ["model", "dataset", "method", "label", "config_hash", "dtype", "turns", *STATUSES, "median_first_divergence"]
-
-
-def records_path(rows_file: Path) -> Path:
-    """Where the audit records of a rows file go."""
-    return rows_file.with_name(rows_file.name.removesuffix(".jsonl") + RECORD_SUFFIX)
-
-
-def read_records(path: Path) -> list[dict]:
-    """The audit records of one file (a line cut by a kill is skipped: that turn is audited again)."""
-    return read_rows(path)
-
-
-def load_audit_records(results: str | Path) -> list[dict]:
-    """Every audit record under ``results`` (recursively)."""
-    return [r for p in sorted(Path(results).rglob(f"*{RECORD_SUFFIX}")) for r in read_records(p)]
 
 
 def _turn_status(row: dict, plain: dict | None, record: dict | None) -> str:

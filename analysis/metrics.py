@@ -15,27 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.throughput import batch_throughput
-from eagle2.bench.results import read_rows
-
-GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
-
-
-def iter_rows(results: str | Path):
-    """Every stored row under ``results`` (recursively), skipping a line cut by a kill."""
-    for path in sorted(Path(results).rglob("*.jsonl")):
-        yield from read_rows(path)
-
-
-def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
-    """Every row under ``results`` (recursively) with the given status."""
-    frame = pd.DataFrame([r for r in iter_rows(results) if status is None or r.get("status") == status])
-    if frame.empty:
-        return frame
-    frame = frame.drop_duplicates(subset=GROUP + ["question_id", "turn"], keep="last")
-    if "accept_lengths" in frame:  # failed rows have none
-        frame["decode_tokens"] = frame["accept_lengths"].map(lambda a: sum(a) if isinstance(a, list) else 0)
-    return frame.reset_index(drop=True)
+from eagle2.results.frames import GROUP, baseline_rows, iter_rows, load_rows  # noqa: F401 (analysis's own names too)
+from eagle2.results.throughput import batch_throughput
 
 
 def load_nodes(results: str | Path) -> pd.DataFrame:
@@ -83,7 +64,7 @@ def _aggregate(g: pd.DataFrame) -> dict:
             "mean_budget": _round_mean(g.rounds, "budget"),
             "expected_tau": _round_mean(g.rounds, "expected_tokens"),
             "peak_memory_mb": float(g.peak_memory_mb.max()) if "peak_memory_mb" in g else np.nan,
-            # batched decoding: all new tokens over the batch's wall span (analysis.throughput); batch 1: e2e rate
+            # batched decoding: all new tokens over the batch's wall span (eagle2.results.throughput); batch 1: e2e rate
             "batch_size": int(g.batch_size.max()) if "batch_size" in g and g.batch_size.notna().any() else 1,
             "throughput_tokens_per_s": batch_throughput(g.to_dict("records"))["throughput_tokens_per_s"]}
 
@@ -94,24 +75,6 @@ def _end_to_end(g: pd.DataFrame) -> float:
         return np.nan
     total = g.prefill_time_s.sum() + g.wall_time_s.sum()
     return float(g.new_tokens.sum() / total) if total else np.nan
-
-
-def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
-    """Plain-decoding rows comparable with the config ``g``: same model, dataset, temperature and,
-    where recorded, the same max_new_tokens, seed and dtype; of several such plain configs, the one sharing
-    the most question turns with ``g`` (never a pool of several)."""
-    first = g.iloc[0]
-    mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
-        rows.temperature == first.temperature)
-    for key in ("max_new_tokens", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
-        if key in rows and pd.notna(first.get(key)):
-            mask &= rows[key] == first[key]
-    base = rows[mask]
-    if base.config_hash.nunique() > 1:
-        turns = set(zip(g.question_id, g.turn))
-        shared = {h: len(turns & set(zip(b.question_id, b.turn))) for h, b in base.groupby("config_hash")}
-        base = base[base.config_hash == max(shared, key=shared.get)]
-    return base
 
 
 def _speedup(g: pd.DataFrame, base: pd.DataFrame) -> tuple[float, int]:
@@ -342,3 +305,20 @@ def oracle_efficiency(rows: pd.DataFrame) -> pd.DataFrame:
                         "config_hash": chash, "draft_depth": want, "oracle_depth": pick, "turns": len(common),
                         "tau": tau, "oracle_tau": ceiling, "efficiency": tau / ceiling})
     return pd.DataFrame(out)
+
+
+METHOD_COLUMNS = ["model", "dataset", "temperature", "label", "turns", "tokens_per_s", "speedup", "predicted", "tau",
+                  "expected_tau", "mean_budget", "ms_per_round", "draft_ms", "verify_ms", "other_share"]
+
+
+def with_cost_model(table: pd.DataFrame) -> pd.DataFrame:
+    """``method_table`` plus the cost model's prediction, speedup ~ tau * T(1) / (T_draft + T_verify): per-round
+    forward times from the rows, T(1) plain decoding's time per round (one target forward) on the same model,
+    dataset and temperature (NaN without plain rows)."""
+    table = table.copy()
+    table["draft_ms"] = table.ms_per_round * table.draft_share
+    table["verify_ms"] = table.ms_per_round * table.verify_share
+    plain = table[table.method == "plain"].groupby(["model", "dataset", "temperature"]).ms_per_round.first()
+    one = [plain.get(key, np.nan) for key in zip(table.model, table.dataset, table.temperature)]
+    table["predicted"] = table.tau * one / (table.draft_ms + table.verify_ms)
+    return table

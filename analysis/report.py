@@ -4,7 +4,8 @@ Reads every row and per-node record under RESULTS_DIR (``analysis.metrics``) and
 
 - ``table1.md`` / ``table1.tex`` / ``table1.csv``: speedup / tau per method x benchmark and a Mean column,
   by model and temperature, with the EAGLE-2 paper's numbers beside ours where the model matches;
-- ``methods.csv``: every config's tokens/s, speedup, tau and time shares;
+- ``methods.csv`` / ``methods.md``: every config's tokens/s, speedup, tau, time shares and the cost model's
+  predicted speedup (``experiment=four_methods``'s table);
 - ``speedup_bars``, ``calibration``, ``acceptance_by_position``, ``tree_budget``: figures, PNG and PDF;
 - ``calibration.csv``, ``acceptance_by_rank.csv``, ``acceptance_by_position.csv``, ``tree_budget.csv``,
   ``failures.csv``: the numbers behind them;
@@ -39,6 +40,7 @@ import pandas as pd
 from analysis import batch_scaling, figures
 from analysis.identity import identity_table
 from analysis.metrics import (
+    METHOD_COLUMNS,
     acceptance_by_rank,
     calibration,
     expected_calibration_error,
@@ -50,6 +52,7 @@ from analysis.metrics import (
     per_position_acceptance,
     tree_budget_table,
     variant_labels,
+    with_cost_model,
 )
 from analysis.results_page import write_page
 from analysis.tables import PUBLISHED, load_published, oracle_markdown, table1_frame, to_latex, to_markdown
@@ -102,9 +105,11 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     if rows.empty:
         rep.notes.append("no finished rows: no tables")
         return
-    table = method_table(rows)
+    table = with_cost_model(method_table(rows))
     table.insert(4, "label", table.config_hash.map(variant_labels(rows)))
-    rep.csv(table, "methods.csv", "per config: tokens/s, speedup over plain, tau, time shares")
+    rep.csv(table, "methods.csv", "per config: tokens/s, speedup over plain, tau, time shares, cost-model prediction")
+    rep.text(table[[c for c in METHOD_COLUMNS if c in table]].to_markdown(index=False, floatfmt=".3f"), "methods.md",
+             "per config (markdown): tokens/s, speedup, the cost model's predicted speedup, tau, round split")
     if not (rows.method == "plain").any():
         rep.notes.append("no plain rows: every speedup reads 'no baseline'")
     if batch_scaling.has_batch_sweep(rows) and (rows.batch_size.fillna(1) == 1).any():

@@ -6,7 +6,7 @@ For each B the methods run back to back (plain first), so a comparison at one B 
 Prints one table, throughput in tokens/s (all new tokens over the batch's wall span, prefill included) with
 the speedup over plain at the same B beside it, then batched plain's B-over-B=1 throughput ratio against the
 4x goal at B=8 and the measured limit: the cost of one target forward over B rows of one token against one
-row (``eagle2.drafters.cost_profile.measure_verify``). Writes the rows, ``batch_scaling.csv`` / ``.md`` and
+row (``eagle2.bench.cost_profile.measure_verify``). Writes the rows, ``batch_scaling.csv`` / ``.md`` and
 the figure (``analysis.batch_scaling``) into ``--results``, and copies the PNG to ``--figure``.
 
     python -m experiments.bench_batch --limit 8 --max-new-tokens 32 --threads 1
@@ -26,12 +26,12 @@ from hydra import compose, initialize_config_dir
 
 from analysis.batch_scaling import scaling_figure, scaling_markdown, scaling_table
 from analysis.metrics import load_rows
-from eagle2.bench.data import PROJECT_ROOT, benchmark_file, load_questions
+from eagle2.bench.cost_profile import measure_verify
 from eagle2.bench.models import load_target
 from eagle2.bench.runner import run
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.precision import concrete_dtype
-from eagle2.drafters.cost_profile import measure_verify
+from eagle2.prompts.questions import PROJECT_ROOT, benchmark_file, load_questions
 
 
 def first_turns(limit: int, path: Path) -> Path:

@@ -19,8 +19,7 @@ import statistics
 import torch
 from omegaconf import OmegaConf
 
-from eagle2.bench.chat import encode_conversation
-from eagle2.bench.data import benchmark_file, load_questions
+from eagle2.bench.cost_profile import measure_verify
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
 from eagle2.bench.runner import load_drafter_weights
@@ -28,8 +27,9 @@ from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import device_clock, generate
 from eagle2.core.kernels import kernels_in_use
 from eagle2.core.sampling import SamplingParams
-from eagle2.drafters.cost_profile import measure_verify
 from eagle2.drafters.plain import PlainDrafter
+from eagle2.prompts.chat import encode_conversation
+from eagle2.prompts.questions import benchmark_file, load_questions
 
 CONF = OmegaConf.load("conf/model/_base.yaml")
 

@@ -187,7 +187,7 @@ def _sleep_cycles_per_ms() -> float:
 
 
 def verify_cost(scale: Scale, emit) -> None:
-    from eagle2.drafters.cost_profile import measure_verify
+    from eagle2.bench.cost_profile import measure_verify
     from eagle2.heads.shapes import random_llama
 
     cuda = torch.device(scale.device).type == "cuda"
@@ -220,7 +220,7 @@ def verify_cost(scale: Scale, emit) -> None:
 
 
 def draft_cost(scale: Scale, emit) -> None:
-    from eagle2.drafters.cost_profile import measure_draft
+    from eagle2.bench.cost_profile import measure_draft
 
     cuda = torch.device(scale.device).type == "cuda"
     for (name, dtype), build in zip(SHAPES, (gm.planted_head, gm.random_eagle3_head)):

@@ -23,10 +23,10 @@ import argparse
 
 import torch
 
-from eagle2.bench.chat import encode_conversation
-from eagle2.bench.data import benchmark_file, load_questions
 from eagle2.bench.identity import reference_dtype, reference_logits
 from eagle2.core.cache import forward_target, new_cache
+from eagle2.prompts.chat import encode_conversation
+from eagle2.prompts.questions import benchmark_file, load_questions
 
 
 @torch.no_grad()
@@ -55,7 +55,7 @@ def model_config(name: str, overrides: list[str], device: str | None):
     """The ``conf/model/<name>.yaml`` entry (with Hydra overrides), on ``device`` when given."""
     from hydra import compose, initialize_config_dir
 
-    from eagle2.bench.data import PROJECT_ROOT
+    from eagle2.prompts.questions import PROJECT_ROOT
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"model={name}", *overrides])

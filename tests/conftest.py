@@ -88,7 +88,7 @@ def synthetic_cost_profile(monkeypatch):
     """``total_tokens=auto`` budgets from a fixed cost profile (verify 1 + 0.05 q, draft 0.1 per depth)
     instead of timings measured on this (shared, noisy) machine: certification results must not depend
     on the machine's load. The measured path has its own tests (test_cost_budget)."""
-    import eagle2.drafters.cost_profile as cost_profile
+    import eagle2.bench.cost_profile as cost_profile
     from eagle2.drafters.budget import CostProfile
 
     def fixed(target, head, drafting, make_drafter, *, depth, top_k, max_q=64, **_):

@@ -141,8 +141,8 @@ def test_identity_check_catches_broken_batching(positional, monkeypatch, control
 def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2):
     """run.py's path: MT-bench turns (later turns queued behind their first) at batch_size=2 store the same
     outputs as batch 1, with the batch fields; the batch keys enter the config hash only when B > 1."""
-    from eagle2.bench.results import config_hash
     from eagle2.bench.runner import run
+    from eagle2.results.store import config_hash
     from tests.test_runner import config, rows
 
     common = ["method=plain", "dataset=mt_bench", "dataset.limit=3", "max_new_tokens=8", "model.dtype=float32",
@@ -177,3 +177,24 @@ def test_one_lm_head_call_per_round_covers_every_row(tiny, weights, plain_refs, 
     assert [r.output.output_ids for r in results] == plain_refs
     assert len(calls) == len(PROMPTS) + len(rounds)
     assert max(rounds) == 3 and calls.count(3) >= 1  # a full round: one call over its three rows' nodes
+
+
+def test_batch_one_and_batched_share_one_round(tiny, weights, plain_refs, monkeypatch):
+    """One round function: a broken acceptance rule patched into the batch-1 engine's round (where the
+    certification tests patch it) changes batched outputs too, and the batch engine imports no private name
+    of the batch-1 engine. (Two round loops, each importing its own rule, would pass a rule broken in only one.)"""
+    import ast
+    from pathlib import Path
+
+    from tests.broken_rules import accept_second_choice_too
+
+    source = ast.parse(Path(batch_engine.__file__).read_text())
+    private = [a.name for n in ast.walk(source) if isinstance(n, ast.ImportFrom) and n.module == "eagle2.core.engine"
+               for a in n.names if a.name.startswith("_")]
+    assert private == []
+    method = METHODS["eagle2"]
+    assert [r.output.output_ids for r in batch_decode(tiny[0], method, weights, 3)] == plain_refs
+    monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
+    broken = [r.output.output_ids for r in batch_decode(tiny[0], method, weights, 3)]
+    assert broken != plain_refs
+    assert broken == single_decode(tiny[0], method, weights)  # the same broken round at batch 1

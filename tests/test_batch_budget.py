@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import eagle2.bench.cost_profile as cp
 import eagle2.core.engine as engine
 import eagle2.drafters.budget as budget
-import eagle2.drafters.cost_profile as cp
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from tests.conftest import tiny_head, tiny_llama

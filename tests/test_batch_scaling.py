@@ -10,7 +10,7 @@ import pytest
 
 from analysis.batch_scaling import has_batch_sweep, scaling_figure, scaling_markdown, scaling_table
 from analysis.report import build_report
-from analysis.throughput import batch_throughput, union_length, wall_span
+from eagle2.results.throughput import batch_throughput, union_length, wall_span
 
 
 def row(method, batch_size, qid, tokens, prefill, wall, span=None, run_start=1000.0):
@@ -90,7 +90,7 @@ def test_figure_and_report_section(tmp_path):
 def test_batch_scaling_experiments_compose():
     """``experiment=batch_scaling`` sweeps B = 1, 2, 4, 8 x five methods on 10 MT-bench questions on CPU;
     ``batch_scaling_gpu`` sweeps B = 1..64 on every question on a GPU; each cell hashes its batch size."""
-    from eagle2.bench.results import config_hash
+    from eagle2.results.store import config_hash
     from tests.test_harness import compose_cfg
 
     cpu = compose_cfg("experiment=batch_scaling", hydra_cfg=True)

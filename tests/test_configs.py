@@ -56,3 +56,21 @@ def test_unknown_names_list_valid_choices():
         with pytest.raises(MissingConfigException) as err:
             compose("config", overrides=["method=nonsense"])
     assert "eagle2" in str(err.value) and "plain" in str(err.value)
+
+
+@pytest.mark.parametrize("experiment", group_names("experiment"))
+def test_every_experiment_composes_with_its_sweep(experiment):
+    """Every named experiment composes, names its results folder and sweeps at least one key."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert cfg.paths.results != "results", f"experiment={experiment} writes into the default results folder"
+    assert cfg.hydra.sweeper.params, f"experiment={experiment} sweeps nothing"
+
+
+def test_four_methods_sweeps_the_four_methods_on_two_benchmarks():
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=four_methods"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params.method.split(",") == ["plain", "sps", "eagle", "eagle2"]
+    assert params.dataset.split(",") == ["mt_bench", "gsm8k"]
+    assert (cfg.dataset.limit, cfg.max_new_tokens, cfg.temperature, cfg.logger.name) == (10, 128, 0.0, "none")

@@ -57,7 +57,7 @@ def test_sample_batch_greedy_matches_answer_batch_and_top_p_zero_is_greedy():
 
 
 def test_dedup_drops_benchmark_overlap_and_near_duplicates():
-    from eagle2.bench.data import all_benchmark_questions
+    from eagle2.prompts.questions import all_benchmark_questions
 
     bench = all_benchmark_questions()
     question = max(bench, key=len)
@@ -80,7 +80,7 @@ def test_dedup_drops_benchmark_overlap_and_near_duplicates():
 
 def test_user_header_of_smollm2_template_and_its_prefix_property(smollm2):
     """The user header is the chat template up to the user's text; two-turn prompts repeat the first."""
-    from eagle2.bench.chat import encode_conversation
+    from eagle2.prompts.chat import encode_conversation
 
     _, tok = smollm2
     header = user_header_ids(tok, "tokenizer", [], [], None)

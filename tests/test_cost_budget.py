@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import eagle2.bench.cost_profile as cp
 import eagle2.core.engine as engine
 import eagle2.drafters.budget as budget
-import eagle2.drafters.cost_profile as cp
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
@@ -152,3 +152,25 @@ def test_bad_total_tokens_is_a_clear_error(tiny):
     method = OmegaConf.create({"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "lots"})
     with pytest.raises(ValueError, match="positive integer or auto"):
         build_drafter(method, target, SamplingParams(), None, head=head)
+
+
+def test_the_drafter_takes_the_harness_profile_and_runs_no_target_forward(tiny, tmp_path):
+    """The cost profile is data handed to ``build``: building an auto-budget EAGLE-2 drafter runs no forward of
+    the target (the harness, ``eagle2.bench.cost_profile``, measured it), and without one it is refused."""
+    from eagle2.drafters import eagle2_dynamic
+
+    target, head = tiny
+    cfg = OmegaConf.create({"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": "auto", "max_total_tokens": 4})
+    forwards = []
+    handle = target.register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        drafter = eagle2_dynamic.build(cfg, target, SamplingParams(), None, {"head": head, "cost_profile": profile(
+            [1.0, 1.1, 1.2, 1.3, 1.4])})
+        with pytest.raises(ValueError, match="cost profile the harness measures"):
+            eagle2_dynamic.build(cfg, target, SamplingParams(), None, {"head": head})
+    finally:
+        handle.remove()
+    assert drafter.profile.verify_s == [1.0, 1.1, 1.2, 1.3, 1.4] and forwards == []
+    cfg.profile_dir = str(tmp_path)
+    with_harness = build_drafter(cfg, target, SamplingParams(), None, head=head)  # the harness measures it
+    assert len(with_harness.profile.verify_s) == 5 and len(list(tmp_path.glob("*.json"))) == 1

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from eagle2.bench.chat import render
-from eagle2.bench.data import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
 from eagle2.bench.validation import QuestionFileError
+from eagle2.prompts.chat import render
+from eagle2.prompts.questions import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
 from eagle2.training.corpus import training_prompts
 
 

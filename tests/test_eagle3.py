@@ -147,8 +147,8 @@ def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, s
     """The done-when check: a random head in the official layout for SmolLM2's shape, via
     ``method=eagle3 model.eagle3_head=DIR``, decodes token-identically to plain in fp32."""
     from analysis.metrics import iter_rows
-    from eagle2.bench.data import PROJECT_ROOT
     from eagle2.bench.runner import run
+    from eagle2.prompts.questions import PROJECT_ROOT
 
     head_dir = save_eagle3_head(random_eagle3_head(smollm2[0], draft_vocab_size=8192), tmp_path / "head")
     common = ["logger=none", "warmup_tokens=0", "dataset=gsm8k", "dataset.limit=1", "max_new_tokens=12",

@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 import eagle2.bench.rows as rows
 import eagle2.bench.runner as runner
 import eagle2.core.engine as engine
-from eagle2.bench.results import read_rows
 from eagle2.heads.eagle_head import save_head
+from eagle2.results.store import read_rows
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]

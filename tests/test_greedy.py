@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 import eagle2.core.engine as engine
-from eagle2.bench.chat import encode_conversation
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
+from eagle2.prompts.chat import encode_conversation
 from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import assert_greedy_lossless, device_params, on
 

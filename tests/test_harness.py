@@ -189,7 +189,7 @@ def test_recipe_commands():
 
 
 def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
-    from eagle2.bench.results import ResultStore, config_hash
+    from eagle2.results.store import ResultStore, config_hash
 
     overrides = ["method=plain", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}"]
     cfg = compose_cfg(*overrides)

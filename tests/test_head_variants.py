@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle2.bench.results import read_rows
 from eagle2.heads.draft_model import load_draft_model
 from eagle2.heads.eagle_head import load_head
+from eagle2.results.store import read_rows
 from tests.conftest import tiny_llama
 from tests.zoo_fixtures import published_head_weights, save_weights, write_full_draft, write_published_head
 

@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eagle2.bench.methods import build_drafter
-from eagle2.bench.results import config_hash
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.eagle2_dynamic import merge_chain
+from eagle2.results.store import config_hash
 from tests.test_configs import CONF
 from tests.test_greedy import PROMPTS, decode
 

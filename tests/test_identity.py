@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_dir
 
 import eagle2.core.engine as engine
 from analysis.identity import identity_table
-from eagle2.bench.data import PROJECT_ROOT
 from eagle2.bench.identity import audit_results, classify, tolerance
 from eagle2.bench.runner import run
+from eagle2.prompts.questions import PROJECT_ROOT
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -106,11 +106,12 @@ def test_cli_refuses_an_unmeasured_float16_audit(tmp_path, monkeypatch):
     import pandas as pd
 
     import eagle2.bench.identity as identity
+    from eagle2.identity import main
 
     monkeypatch.setattr(identity, "MEASURED", set(identity.MEASURED))
     spec = pd.DataFrame({"dtype": ["float16"], "config_hash": ["h"]})
     monkeypatch.setattr(identity, "audit_pairs", lambda results: iter([(tmp_path / "x.jsonl", spec, spec.iloc[:0])]))
-    assert identity.main([str(tmp_path)]) == 2  # refused, with the command that measures it
+    assert main([str(tmp_path)]) == 2  # refused, with the command that measures it
     with pytest.raises(identity.UnmeasuredToleranceError, match="numeric_tolerance --device cuda"):
         identity.audit_results(tmp_path, allow_unmeasured=False)
 

@@ -80,7 +80,7 @@ def test_config_hash_reads_auto_as_what_it_resolves_to(monkeypatch):
     auto stands for on this machine; every explicit dtype hashes as before."""
     from omegaconf import OmegaConf
 
-    from eagle2.bench.results import config_hash
+    from eagle2.results.store import config_hash
     from tests.test_harness import compose_cfg
 
     explicit = {d: config_hash(compose_cfg(f"model.dtype={d}")) for d in ("bfloat16", "float32")}

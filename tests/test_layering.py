@@ -1,12 +1,15 @@
 """The package's layering, read from the source (every import, function-level ones included):
 
-    core  <  heads  <  drafters  <  bench  <  training        analysis reads results only
+    core  <  heads  <  drafters  <  bench  <  training        results, prompts: below bench and training
+                                                              analysis: reads results only
 
 - ``eagle2.core`` (the round) imports no drafter, head or harness module;
 - ``eagle2.heads`` imports ``core`` only; ``eagle2.drafters`` imports ``core`` and ``heads`` only;
-- ``eagle2.bench`` imports nothing from ``training``;
-- ``analysis`` reaches no engine code: of ``eagle2`` it imports only the results store's modules, and
-  those import no torch-side layer;
+- ``eagle2.results`` (store, row schema, throughput, frames) imports only itself and ``core.cpu``
+  (no torch-side layer), ``eagle2.prompts`` (chat templates, questions) only itself;
+- ``eagle2.bench`` imports nothing from ``training`` or ``analysis``; ``eagle2.training`` nothing from
+  ``bench`` or ``analysis``;
+- ``analysis`` reaches no engine code: of ``eagle2`` it imports only ``eagle2.results`` (and ``core.cpu``);
 - no import cycle among the modules of ``eagle2``, ``analysis`` and ``experiments``;
 - every module says its job in a docstring and stays short enough to read in one sitting.
 """
@@ -20,14 +23,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle2", "analysis", "experiments")
-ALLOWED = {  # layer -> the eagle2 layers it may import
+BELOW_HARNESS = {"eagle2.core", "eagle2.heads", "eagle2.drafters", "eagle2.results", "eagle2.prompts"}
+ALLOWED = {  # layer -> the layers it may import
     "eagle2.core": {"eagle2.core"},
     "eagle2.heads": {"eagle2.core", "eagle2.heads"},
     "eagle2.drafters": {"eagle2.core", "eagle2.heads", "eagle2.drafters"},
-    "eagle2.bench": {"eagle2.core", "eagle2.heads", "eagle2.drafters", "eagle2.bench", "analysis"},
+    "eagle2.prompts": {"eagle2.prompts"},
+    "eagle2.bench": BELOW_HARNESS | {"eagle2.bench"},
+    "eagle2.training": BELOW_HARNESS | {"eagle2.training"},
 }
-ANALYSIS_MAY_READ = {"eagle2.bench.results", "eagle2.bench.methods", "eagle2.bench.row_schema",
-                     "eagle2.core.cpu"}  # the store hashes dtype=auto as this CPU resolves it (no torch)
+LIGHT = ("eagle2.results", "eagle2.core.cpu")  # the store hashes dtype=auto as this CPU resolves it (no torch)
 MAX_LINES = 400
 
 
@@ -69,10 +74,9 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
         allowed = ALLOWED.get(layer_of(module))
         if allowed is not None:
             bad += [f"{module} -> {d}" for d in deps if layer_of(d) not in allowed and d != "eagle2"]
-        if module.startswith("analysis"):
-            bad += [f"{module} -> {d}" for d in deps if d.startswith("eagle2") and d not in ANALYSIS_MAY_READ]
-    for module in ANALYSIS_MAY_READ:  # what analysis reads must not pull the engine in behind it
-        bad += [f"{module} -> {d}" for d in graph.get(module, ()) if d not in ANALYSIS_MAY_READ]
+        if module.startswith("analysis") or module.startswith("eagle2.results"):
+            # analysis, and the results layer it reads, must not pull the engine or the harness in
+            bad += [f"{module} -> {d}" for d in deps if d.startswith("eagle2") and not d.startswith(LIGHT)]
     return sorted(bad)
 
 
@@ -120,13 +124,37 @@ def test_the_checks_catch_a_violation_and_a_cycle():
     graph = import_graph()
     graph["eagle2.core.engine"] = graph["eagle2.core.engine"] | {"eagle2.drafters.eagle2_dynamic"}
     graph["analysis.metrics"] = graph["analysis.metrics"] | {"eagle2.core.tree"}
-    graph["eagle2.bench.results"] = graph["eagle2.bench.results"] | {"eagle2.bench.runner"}
+    graph["eagle2.results.store"] = graph["eagle2.results.store"] | {"eagle2.bench.runner"}
     assert layering_violations(graph) == ["analysis.metrics -> eagle2.core.tree",
-                                          "eagle2.bench.results -> eagle2.bench.runner",
-                                          "eagle2.core.engine -> eagle2.drafters.eagle2_dynamic"]
-    graph = import_graph()  # the cycle this layout removed: the cost profile building EAGLE-2's drafter itself
-    graph["eagle2.drafters.cost_profile"] = graph["eagle2.drafters.cost_profile"] | {"eagle2.drafters.eagle2_dynamic"}
-    assert cycles(graph) == [["eagle2.drafters.cost_profile", "eagle2.drafters.eagle2_dynamic"]]
+                                          "eagle2.core.engine -> eagle2.drafters.eagle2_dynamic",
+                                          "eagle2.results.store -> eagle2.bench.runner"]
+    graph = import_graph()  # a cycle: the cost profile reaching back into the registry that calls it
+    graph["eagle2.bench.cost_profile"] = graph["eagle2.bench.cost_profile"] | {"eagle2.bench.methods"}
+    assert cycles(graph) == [["eagle2.bench.cost_profile", "eagle2.bench.methods"]]
+
+
+PLANTED = {  # module -> a source line planting an import the layering forbids (the two edges this layout removed)
+    "eagle2.bench.rows": "from analysis.metrics import load_rows",
+    "eagle2.training.corpus": "from eagle2.bench.runner import run",
+    "eagle2.prompts.chat": "import eagle2.bench.models",
+    "eagle2.results.store": "from eagle2.bench.methods import build_drafter",
+    "eagle2.drafters.eagle2_dynamic": "from eagle2.bench.cost_profile import get_profile",  # drafters time nothing
+    "eagle2.core.batch_engine": "from eagle2.bench.rows import make_row",
+}
+
+
+@pytest.mark.parametrize("module", sorted(PLANTED))
+def test_a_planted_forbidden_import_is_caught(module, tmp_path):
+    """Negative control read from source: the module's real text plus one forbidden import line (bench ->
+    analysis, training -> bench, prompts -> bench, results -> bench, a drafter -> the harness's cost profile,
+    core -> bench) is reported, and only that edge."""
+    modules = project_modules()
+    planted = tmp_path / "planted.py"
+    planted.write_text(modules[module].read_text() + f"\n\ndef _planted():\n    {PLANTED[module]}\n")
+    graph = import_graph()
+    graph[module] = imports_of(planted, set(modules)) - {module}
+    target = PLANTED[module].split()[1]
+    assert layering_violations(graph) == [f"{module} -> {target}"]
 
 
 @pytest.mark.parametrize("module", sorted(project_modules()))

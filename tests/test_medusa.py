@@ -181,7 +181,7 @@ def test_wrong_commit_breaks_identity(target, monkeypatch):
 
 @pytest.mark.slow
 def test_medusa_equals_plain_on_smollm2_with_shipped_head(smollm2):
-    from eagle2.bench.chat import encode_conversation
+    from eagle2.prompts.chat import encode_conversation
 
     model, tok = smollm2
     heads = load_medusa_heads(PROJECT / "artifacts/smollm2/medusa_head", model)

@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 from analysis.metrics import iter_rows
 from eagle2.bench import rows, runner
-from eagle2.bench.chat import encode_conversation
 from eagle2.bench.resolvers import device_type
-from eagle2.bench.results import config_hash
 from eagle2.core.engine import ContextOverflowError
+from eagle2.prompts.chat import encode_conversation
+from eagle2.results.store import config_hash
 from experiments.recipe import EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle2.bench import results
-from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
+from eagle2.results import store as results
+from eagle2.results.store import ResultStore, StoreBusyError, StoreWriteError, config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
@@ -100,7 +100,7 @@ def test_partial_node_files_are_deleted_on_open(tmp_path):
 # --- a full disk --------------------------------------------------------------------------------
 
 class FullDisk:
-    """Stands in for ``open`` in eagle2.bench.results: files opened to append take ``room`` more bytes, then
+    """Stands in for ``open`` in eagle2.results.store: files opened to append take ``room`` more bytes, then
     every write fails with ENOSPC (a short write first, as a real full disk does)."""
 
     def __init__(self, room: int):
@@ -177,7 +177,7 @@ def test_full_disk_while_moving_a_torn_line_aside_changes_nothing(tmp_path, monk
 
 # --- one writer per rows file -------------------------------------------------------------------
 
-HOLD = ("import sys, time; from eagle2.bench.results import ResultStore; "
+HOLD = ("import sys, time; from eagle2.results.store import ResultStore; "
         "s = ResultStore(sys.argv[1], 'ds', 'm', 'plain', 'abc'); print('held', flush=True); time.sleep(120)")
 
 
@@ -290,7 +290,7 @@ def test_every_output_changing_setting_is_hashed(overrides):
         same = config_hash(changed) == base
         assert same == (key in NOT_OUTPUT_KEYS), (
             f"top-level setting {key!r}: {'not ' if same else ''}in the config hash; hash it in "
-            f"eagle2/bench/results.py if it changes outputs, else list it in NOT_OUTPUT_KEYS")
+            f"eagle2/results/store.py if it changes outputs, else list it in NOT_OUTPUT_KEYS")
 
 
 def test_settings_added_later_keep_existing_hashes():

@@ -1,10 +1,10 @@
-"""The result-row schema (eagle2/bench/row_schema.py) is what the runner writes, and it catches drift."""
+"""The result-row schema (eagle2/results/row_schema.py) is what the runner writes, and it catches drift."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle2.bench.row_schema import FAILED_ROW_FIELDS, ROW_FIELDS, RowSchemaError, check_row
+from eagle2.results.row_schema import FAILED_ROW_FIELDS, ROW_FIELDS, RowSchemaError, check_row
 
 
 def good_row() -> dict:

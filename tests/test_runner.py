@@ -39,6 +39,7 @@ def test_plain_rows_and_resume(tmp_path):
     assert len(first) == 3 and all(ROW_FIELDS <= set(r) for r in first)
     assert all(r["status"] == "ok" and r["new_tokens"] == len(r["output_ids"]) <= 6 for r in first)
     assert all(r["accept_lengths"] == [1] * (r["new_tokens"] - 1) for r in first)
+    assert cfg.model.dtype == "auto" and first[0]["dtype"] in ("bfloat16", "float32")  # run() left cfg as it was
     run(cfg)  # the same config again: nothing new
     assert len(rows(tmp_path)) == 3
     run(config("method=plain", "dataset=gsm8k", "dataset.limit=4", "max_new_tokens=6", f"paths.results={tmp_path}"))
@@ -110,7 +111,7 @@ def test_missing_embedded_package_names_the_setup_command(monkeypatch):
 
 
 def test_config_hash_tracks_what_changes_outputs():
-    from eagle2.bench.results import config_hash
+    from eagle2.results.store import config_hash
 
     base = config_hash(config("method=plain"))
     assert config_hash(config("method=plain", "model.eagle2.total_tokens=99", "model.head=x")) == base
@@ -141,9 +142,9 @@ def test_torn_last_line_is_moved_aside_and_redone_by_one_rerun(tmp_path):
 
 
 def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, monkeypatch):
-    from eagle2.bench import results
-    from eagle2.bench.results import StoreWriteError
     from eagle2.bench.runner import record_cell_failure
+    from eagle2.results import store as results
+    from eagle2.results.store import StoreWriteError
     from tests.test_results_store import FullDisk
 
     run(plain_cfg(tmp_path, 1))
@@ -163,8 +164,8 @@ def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, mon
 def test_second_writer_of_a_config_is_refused_and_records_nothing(tmp_path):
     import os
 
-    from eagle2.bench.results import ResultStore, StoreBusyError, config_hash
     from eagle2.bench.runner import record_cell_failure
+    from eagle2.results.store import ResultStore, StoreBusyError, config_hash
 
     cfg = plain_cfg(tmp_path, 1)
     with ResultStore.for_config(cfg, config_hash(cfg)) as first:

@@ -1,6 +1,6 @@
 """The tracked tree travels to the GPU machine: its files add up to under 48 MiB (issue 27), leaving room
 in the device call's 64 MiB for the carried wheels. Fails, naming the biggest files, until the shipped
-drafters are stored in bf16 (``experiments/ship_bf16.py``)."""
+drafters are stored in bf16 (every floating tensor but rotary ``inv_freq``)."""
 
 from __future__ import annotations
 

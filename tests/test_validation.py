@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from eagle2.bench import runner
-from eagle2.bench.data import QuestionFileError, check_question_file, load_questions
 from eagle2.bench.validation import ConfigError, validate_run_config
+from eagle2.prompts.questions import QuestionFileError, check_question_file, load_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle2.bench.methods import known_methods, method_spec
-from eagle2.bench.results import read_rows
 from eagle2.bench.runner import run
 from eagle2.heads.shapes import PUBLISHED, llama_config
+from eagle2.results.method_spec import known_methods, method_spec
+from eagle2.results.store import read_rows
 from tests.test_runner import config
 from tests.zoo_fixtures import SPECIAL_TOKENS, WEIGHT_WRITERS, write_target
 

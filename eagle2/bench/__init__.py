@@ -1,6 +1,6 @@
-"""The benchmark harness: the runner behind ``run.py``, the method registry, target loading, chat
-templates, benchmark data, config validation, the results store and its row schema, loggers and the
-identity audit. Imports the layers below it (``core``, ``heads``, ``drafters``). Importing it registers
+"""The benchmark harness: the runner behind ``run.py``, the method registry, target loading, config
+validation, loggers and the identity audit. Imports the layers below it (``core``, ``heads``,
+``drafters``, ``results``, ``prompts``), never ``training`` or ``analysis``. Importing it registers
 the config resolvers (``eagle2.bench.resolvers``)."""
 
 from eagle2.bench.resolvers import register as _register_resolvers

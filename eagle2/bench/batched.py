@@ -14,16 +14,18 @@ from collections import deque
 
 from omegaconf import OmegaConf
 
-from eagle2.bench.chat import encode_conversation
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
+from eagle2.prompts.chat import encode_conversation
 
 log = logging.getLogger(__name__)
 
 
-def decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
-                   fingerprints, kernels, logger) -> None:
+def decode_batched(cfg, *, chash: str, store, questions: list[dict], target, tokenizer, weights: dict, params,
+                   eos: set[int], context: int, fingerprints: dict, kernels: str, logger) -> None:
+    """Decode every unfinished turn of ``questions`` in batches of ``cfg.batch_size``, storing each row as it
+    finishes (the runner's loaded target, drafter weights and sampling, by name)."""
     queue: deque = deque()
     method = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
     method.verify_rows = int(cfg.batch_size)  # an auto budget prices a round at this batch size (T_B(q))

@@ -42,15 +42,13 @@ by at most the dtype's factor, so the tolerance doubles (``HALF_REFERENCE_FACTOR
 
 Records go beside the rows, ``<method>-<hash>.identity.ndjson`` (one JSON line per audited turn;
 a rerun audits only new turns), and ``python -m analysis.report`` summarises them in
-``identity.csv``. Run: ``python -m eagle2.identity RESULTS [--override model.path=...]``; it exits
-non-zero when any divergence is algorithmic.
+``identity.csv``. Run: ``python -m eagle2.identity RESULTS [--override model.path=...]`` (the command
+line, ``eagle2.identity``); it exits non-zero when any divergence is algorithmic.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -163,7 +161,7 @@ def classify(logits: torch.Tensor, output: list[int], plain_output: list[int] | 
 
 def audit_pairs(results: str | Path):
     """(rows file, spec rows, matched plain rows) for every greedy speculative config under ``results``."""
-    from analysis.metrics import baseline_rows, load_rows
+    from eagle2.results.frames import baseline_rows, load_rows
 
     rows = load_rows(results)
     if rows.empty:
@@ -195,8 +193,8 @@ class ReferenceModels:
         if key not in self.loaded:
             from hydra import compose, initialize_config_dir
 
-            from eagle2.bench.data import PROJECT_ROOT
             from eagle2.bench.models import load_target
+            from eagle2.prompts.questions import PROJECT_ROOT
 
             with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
                 cfg = compose("config", overrides=[f"model={model_name}", *self.overrides])
@@ -207,7 +205,7 @@ class ReferenceModels:
 
 def audit_config(models: ReferenceModels, rows_file: Path, spec, plain, redo: bool = False) -> list[dict]:
     """Audit every turn of one config not audited yet against this plain config; append the records."""
-    from analysis.identity import read_records, records_path  # the harness's layer: the GPU check needs none
+    from eagle2.results.identity_records import read_records, records_path
 
     path = records_path(rows_file)
     plain_hash = plain.config_hash.iloc[0] if not plain.empty else None
@@ -251,49 +249,3 @@ def audit_results(results: str | Path, overrides: list[str] | None = None, redo:
                     "or pass --allow-unmeasured to borrow bfloat16's")
         new += audit_config(models, rows_file, spec, plain, redo)
     return new
-
-
-def main(argv: list[str] | None = None) -> int:
-    from analysis.identity import identity_table, load_audit_records
-
-    ap = argparse.ArgumentParser(prog="python -m eagle2.identity", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="a results folder (paths.results of the runs), searched recursively")
-    ap.add_argument("--override", action="append", default=[],
-                    help="a Hydra override for loading the target, e.g. model.path=/local/dir (repeatable)")
-    ap.add_argument("--redo", action="store_true", help="audit every turn again, not only new ones")
-    ap.add_argument("--reference-dtype", choices=("auto", "run"), default="auto",
-                    help="auto: float32 (float64 for float32 runs); run: the run's own dtype, tolerance doubled "
-                         "(a 70B's fp32 reference, 282 GB, fits no single GPU machine)")
-    ap.add_argument("--tolerance-factor", action="append", default=[], metavar="DTYPE=X",
-                    help="a factor measured by experiments.numeric_tolerance, e.g. float16=5.0 (repeatable)")
-    ap.add_argument("--allow-unmeasured", action="store_true",
-                    help="audit float16 with bfloat16's borrowed factor (records say tolerance_measured: false)")
-    args = ap.parse_args(argv)
-    if not Path(args.results).is_dir():
-        ap.error(f"results folder {args.results} does not exist")
-    for item in args.tolerance_factor:
-        dtype, _, value = item.partition("=")
-        try:
-            set_tolerance_factor(dtype, float(value))
-        except (KeyError, ValueError) as exc:
-            ap.error(f"--tolerance-factor {item}: {exc} (expected DTYPE=X, e.g. float16=5.0)")
-    try:
-        new = audit_results(args.results, args.override, args.redo, args.reference_dtype, args.allow_unmeasured)
-    except UnmeasuredToleranceError as exc:
-        print(f"[identity] {exc}", file=sys.stderr)
-        return 2
-    table = identity_table(args.results)
-    print(f"[identity] {len(new)} turns audited now")
-    if not table.empty:
-        print(table.to_markdown(index=False))
-    bad = [r for r in load_audit_records(args.results) if r["status"] == "algorithmic"]
-    for r in bad:
-        print(f"[identity] ALGORITHMIC DIVERGENCE: {r['model']}/{r['dataset']}/{r['method']} {r['config_hash']} "
-              f"question {r['question_id']} turn {r['turn']}: tokens at positions {r['off_greedy']} are beyond "
-              f"the {r['dtype']} tolerance (max margin/tol {r['max_margin_over_tol']:.1f})", file=sys.stderr)
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

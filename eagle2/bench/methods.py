@@ -1,55 +1,12 @@
-"""The one place that says, for each decoding method, which drafter builds its trees and which
-drafter weights it needs: its own ``conf/method/<name>.yaml`` (keys ``drafter``, a ``module.function``
-path, and ``weights``, model-config keys such as ``head`` or ``sps_draft``).
-
-``build_drafter`` (here), the runner's weight loading and the config hash all read it from here, so adding a
-method is one drafter module (with a ``build`` function) plus one YAML. A method config made in code
-without those keys (tests build ``{"name": "sps", "k": 2}``) takes them from the method's YAML.
-This module imports nothing heavy: the results store reads it too.
-"""
+"""The method registry's harness half: build the drafter a method config names (its spec, which drafter
+and which weights, is read by ``eagle2.results.method_spec``), handing it its weights and, for an auto
+budget (``total_tokens=auto``), the cost profile the harness measures (``eagle2.bench.cost_profile``)."""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
-from omegaconf import OmegaConf
-
-METHOD_DIR = Path(__file__).resolve().parents[2] / "conf" / "method"
-SPEC_KEYS = ("drafter", "weights")  # how a method is built, not what it computes: kept out of the config hash
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    name: str
-    drafter: str  # "package.module.function" building the drafter
-    weights: tuple[str, ...]  # model-config keys of the drafter weights it needs
-
-
-def known_methods() -> list[str]:
-    return sorted(p.stem for p in METHOD_DIR.glob("*.yaml"))
-
-
-@lru_cache(maxsize=None)
-def _from_yaml(name: str) -> tuple[str, tuple[str, ...]]:
-    path = METHOD_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(known_methods())}")
-    cfg = OmegaConf.load(path)
-    return str(cfg.drafter), tuple(cfg.get("weights") or ())
-
-
-def method_spec(method_cfg) -> MethodSpec:
-    """The spec of a method config: its own ``drafter``/``weights`` keys, else its YAML's."""
-    name = method_cfg.get("name")
-    drafter, weights = (method_cfg.get("drafter"), method_cfg.get("weights"))
-    if drafter is None or weights is None:
-        yaml_drafter, yaml_weights = _from_yaml(str(name))
-        drafter = drafter or yaml_drafter
-        weights = yaml_weights if weights is None else weights
-    return MethodSpec(str(name), str(drafter), tuple(weights))
+from eagle2.results.method_spec import MethodSpec, method_spec
 
 
 def drafter_factory(spec: MethodSpec):
@@ -65,4 +22,10 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
     missing = [key for key in spec.weights if given.get(key) is None]
     if missing:
         raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")
-    return drafter_factory(spec)(method_cfg, target, params, generator, {k: given[k] for k in spec.weights})
+    factory, chosen = drafter_factory(spec), {k: given[k] for k in spec.weights}
+    if str(method_cfg.get("total_tokens")) == "auto":
+        from eagle2.bench.cost_profile import auto_budget_profile
+
+        chosen["cost_profile"] = auto_budget_profile(method_cfg, target, chosen[spec.weights[0]],
+                                                     lambda cfg: factory(cfg, target, params, None, chosen))
+    return factory(method_cfg, target, params, generator, chosen)

@@ -8,8 +8,8 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
-from eagle2.bench.results import read_rows
 from eagle2.drafters.oracle import OracleDrafter
+from eagle2.results.store import read_rows
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.throughput import batch_throughput
-from eagle2.bench.results import ResultStore
-from eagle2.bench.row_schema import check_row
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import ContextOverflowError
 from eagle2.core.precision import dtype_name
+from eagle2.results.row_schema import check_row
+from eagle2.results.store import ResultStore
+from eagle2.results.throughput import batch_throughput
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> di
 def summarize(store: ResultStore, questions: list[dict]) -> dict:
     """Totals over this run's question turns (tokens/s as total tokens over total decode time); for rows
     decoded in batches also the batch throughput (all new tokens over the batch's wall span), the mean
-    per-request decode rate and the mean request latency (``analysis.throughput``)."""
+    per-request decode rate and the mean request latency (``eagle2.results.throughput``)."""
     ids = {q["question_id"] for q in questions}
     rows = [r for (qid, _), r in store.done.items() if qid in ids]
     decoded = sum(sum(r["accept_lengths"]) for r in rows)

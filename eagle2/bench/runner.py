@@ -9,6 +9,7 @@ as a whole is stored by ``record_cell_failure`` (called from ``run.py``) as a ro
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -16,16 +17,17 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from eagle2.bench.chat import encode_conversation, stop_ids
-from eagle2.bench.data import PROJECT_ROOT, benchmark_file, load_questions
-from eagle2.bench.methods import build_drafter, method_spec
+from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
-from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
 from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.engine import ContextOverflowError, generate
 from eagle2.core.kernels import accelerate, kernels_in_use
 from eagle2.core.precision import concrete_dtype
 from eagle2.core.sampling import SamplingParams
+from eagle2.prompts.chat import encode_conversation, stop_ids
+from eagle2.prompts.questions import PROJECT_ROOT, benchmark_file, load_questions
+from eagle2.results.method_spec import method_spec
+from eagle2.results.store import ResultStore, StoreBusyError, StoreWriteError, config_hash
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def resolve_artifact(location: str | None) -> str | None:
 def dataset_questions(cfg: DictConfig) -> list[dict]:
     ds = cfg.dataset
     if ds.get("hub"):
-        from eagle2.bench.data import load_hub_questions
+        from eagle2.prompts.questions import load_hub_questions
 
         return load_hub_questions(ds.hub, ds.limit)
     path = ds.path or benchmark_file(ds.name)
@@ -134,6 +136,7 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
         return "nowhere: " + ("another run owns that rows file" if isinstance(exc, StoreBusyError)
                               else "the rows file cannot be written")
     try:
+        cfg = resolved(cfg)
         chash = config_hash(cfg)
         with ResultStore.for_config(cfg, chash) as store:
             store.append(failed_row(cfg, chash, None, None, exc, scope="cell",
@@ -144,11 +147,19 @@ def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
         return f"nowhere: {type(store_exc).__name__}: {store_exc}"
 
 
+def resolved(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` with ``model.dtype=auto`` made this machine's dtype (hashed, stored in rows); the
+    caller's config is left as it was."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)
+    return cfg
+
+
 def run(cfg: DictConfig) -> dict:
-    """Decode every unfinished question turn; return the summary that is printed."""
+    """Decode every unfinished question turn; return the summary that is printed. ``cfg`` is not changed."""
     from eagle2.bench.validation import validate_run_config
 
-    cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)  # auto -> this machine's: hashed, in rows
+    cfg = resolved(cfg)
     validate_run_config(cfg)  # one clear line for a bad value or question file, before any model loads
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -189,8 +200,9 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     if int(cfg.get("batch_size") or 1) > 1:
         from eagle2.bench.batched import decode_batched
 
-        return decode_batched(cfg, chash, store, questions, target, tokenizer, weights, params, eos, context,
-                              fingerprints, kernels, logger)
+        return decode_batched(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
+                              weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
+                              kernels=kernels, logger=logger)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
     try:
         for q in questions:
@@ -256,7 +268,7 @@ def format_summary(cfg, s: dict) -> str:
 
 
 def _batch_line(s: dict) -> str:
-    """The batch's throughput beside what one request sees (rows.summarize, analysis.throughput)."""
+    """The batch's throughput beside what one request sees (rows.summarize, eagle2.results.throughput)."""
     def num(key, unit):
         return f"{s[key]:.2f}{unit}" if s.get(key) is not None else "n/a"
     return (f"[eagle2] batch {s['batch_size']}: {num('throughput_tokens_per_s', ' tokens/s')} throughput (all new "

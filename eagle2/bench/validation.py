@@ -1,13 +1,13 @@
 """Checks of a run's config where it is read, before any model loads: each bad value is one
 ``ConfigError`` line naming the key, the value and its valid range, and a bad question file is one
-``QuestionFileError`` line naming the file and line (``eagle2.bench.data.check_question_file``)."""
+``QuestionFileError`` line naming the file and line (``eagle2.prompts.questions.check_question_file``)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from eagle2.bench.data import QuestionFileError, benchmark_file, check_question_file
 from eagle2.core.kernels import KERNELS
+from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
 
 __all__ = ["ConfigError", "QuestionFileError", "validate_run_config"]
 

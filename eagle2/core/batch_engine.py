@@ -16,33 +16,34 @@ batch facts (``batch_wall_time_s``: the wave's decode time when static, the row'
 ``admitted_at`` / ``retired_at``: seconds from the run's start to its prefill's start / to leaving its row,
 and ``run_started``, the run's Unix time, from which the batch's wall span and throughput follow).
 
-The target's LM head runs once per round over every live row's real tree nodes (one matmul, not B), and a
-round's accepted entries move into place with one gather per layer for all rows (``BatchCache.commit_rows``).
+A round is batch 1's own (``eagle2.core.engine.decode_round``: propose -> verify -> accept -> commit) over
+the live rows, with ``BatchVerifier`` in place of the single cache: the target's LM head runs once per round
+over every live row's real tree nodes (one matmul, not B), and a round's accepted entries move into place
+with one gather per layer for all rows (``BatchCache.commit_rows``). A row's ``other_s`` is its drafter's
+bookkeeping plus its share of the round's acceptance and commit, as at batch 1.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from eagle2.core.accept import accept_greedy, accept_stochastic
 from eagle2.core.batch_cache import BatchCache
 from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.clock import Clock
 from eagle2.core.engine import (
     ContextOverflowError,
     GenerationOutput,
-    RoundStats,
-    _feature_tap,
-    _record_nodes,
-    _trim,
-    _trim_lengths,
+    Sequence,
+    decode_round,
     device_clock,
+    feature_tap,
 )
-from eagle2.core.sampling import SamplingParams, next_token, probabilities
+from eagle2.core.sampling import SamplingParams, next_token
 from eagle2.core.tree import DraftTree, additive_mask
 
 
@@ -71,13 +72,10 @@ class BatchResult:
 @dataclass
 class _Row:
     request: BatchRequest
-    out: list[int]
+    seq: Sequence  # its decoding state, as batch 1 keeps it
     prefill_s: float
     start: float  # decode start (after its prefill)
     admitted: float  # prefill start
-    accept_lengths: list[int] = field(default_factory=list)
-    rounds: list[RoundStats] = field(default_factory=list)
-    nodes: dict = field(default_factory=dict)
     end: float | None = None
 
 
@@ -106,11 +104,33 @@ def verify_inputs(trees: dict[int, DraftTree], lengths: list[int], width: int, r
     return tokens, positions, allowed
 
 
-def _forward_seconds(drafter) -> float:
-    """Seconds of the drafter's own model forwards so far in this generation (its ``spans``, or
-    ``forward_time`` for drafters without a model)."""
-    spans = getattr(drafter, "spans", None)
-    return spans.seconds() if spans is not None else drafter.forward_time
+class BatchVerifier:
+    """The batch's side of a round (``eagle2.core.engine.decode_round``): the target and the batch's KV cache;
+    every row's tree padded to the round's largest and verified in one forward, one LM head over the real nodes,
+    and the accepted entries moved into place with one gather per layer for all rows."""
+
+    def __init__(self, target, cache: BatchCache, limit: int, tap):
+        self.target, self.cache, self.limit, self.tap = target, cache, limit, tap
+
+    def room(self, row: int) -> int:
+        return self.limit - self.cache.lengths[row]
+
+    def verify(self, trees: dict[int, DraftTree]):
+        target, device = self.target, self.target.device
+        tokens, positions, allowed = verify_inputs(trees, self.cache.lengths, self.cache.width, self.cache.rows)
+        mask = additive_mask(allowed, target.dtype, device)[0, 0].unsqueeze(1)  # (B, 1, Q, K)
+        hidden = forward_target(target, tokens.to(device), self.cache.cache, attention_mask=mask,
+                                position_ids=positions.to(device))  # (B, Q, H)
+        rows = list(trees)
+        sizes = [len(trees[r]) for r in rows]
+        rows_idx = torch.repeat_interleave(torch.tensor(rows), torch.tensor(sizes)).to(device)
+        cols_idx = torch.cat([torch.arange(n) for n in sizes]).to(device)
+        logits = target.lm_head(hidden[rows_idx, cols_idx]).split(sizes)  # one LM head for all rows
+        features = hidden if self.tap is None else self.tap.read()
+        return dict(zip(rows, logits)), features, {"batch_nodes": tokens.shape[1]}
+
+    def commit(self, kept: dict[int, list[int]]) -> None:
+        self.cache.commit_rows(kept)
 
 
 class BatchEngine:
@@ -136,7 +156,7 @@ class BatchEngine:
         layers = tuple(layers) if layers else None
         if self._tap_layers is None and self.tap is None:
             self._tap_layers = layers
-            self.tap = _feature_tap(self.target, drafter)
+            self.tap = feature_tap(self.target, drafter)
         elif layers != self._tap_layers:
             raise ValueError("every request of a batch must read the same target features (one method per batch)")
 
@@ -154,61 +174,23 @@ class BatchEngine:
         req.drafter.start(req.prompt_ids, first, feats[0] if req.drafter.needs_hidden else None)
         cache.load_row(slot, single)
         t1 = device_clock(self.device)
-        return _Row(req, [first], t1 - t0, t1, t0)
+        return _Row(req, Sequence(req.drafter, req.generator, [first]), t1 - t0, t1, t0)
 
     def _finished(self, row: _Row, length: int) -> bool:
-        out = row.out
-        return len(out) >= row.request.max_new_tokens or out[-1] in self.eos or length + 1 > self.limit
+        return row.seq.finished(row.request.max_new_tokens, self.eos, length, self.limit)
 
     def _output(self, row: _Row) -> GenerationOutput:
-        out = _trim(row.out, self.eos, row.request.max_new_tokens)
-        _trim_lengths(row.accept_lengths, len(out) - 1)
-        return GenerationOutput(out, row.prefill_s, row.end - row.start, row.accept_lengths, row.rounds, row.nodes)
+        return row.seq.output(self.eos, row.request.max_new_tokens, row.prefill_s, row.end - row.start)
 
     # -- one round ---------------------------------------------------------------------------------
     @torch.no_grad()
     def _round(self, live: dict[int, _Row], cache: BatchCache) -> None:
-        trees, draft_s, draft_fwd = {}, {}, {}
-        for slot, row in live.items():
-            drafter = row.request.drafter
-            t0, f0 = device_clock(self.device), _forward_seconds(drafter)
-            trees[slot] = drafter.propose(row.out[-1], room=self.limit - cache.lengths[slot])
-            draft_s[slot], draft_fwd[slot] = device_clock(self.device) - t0, _forward_seconds(drafter) - f0
-        t1 = device_clock(self.device)
-        width = cache.width
-        tokens, positions, allowed = verify_inputs(trees, cache.lengths, width, self.rows)
-        mask = additive_mask(allowed, self.target.dtype, self.device)[0, 0].unsqueeze(1)  # (B, 1, Q, K)
-        hidden = forward_target(self.target, tokens.to(self.device), cache.cache, attention_mask=mask,
-                                position_ids=positions.to(self.device))  # (B, Q, H)
-        t2 = device_clock(self.device)
-        feats = self._features(hidden)
-        slots = list(live)
-        sizes = [len(trees[s]) for s in slots]
-        rows_idx = torch.repeat_interleave(torch.tensor(slots), torch.tensor(sizes)).to(self.device)
-        cols_idx = torch.cat([torch.arange(n) for n in sizes]).to(self.device)
-        all_logits = self.target.lm_head(hidden[rows_idx, cols_idx]).split(sizes)  # one LM head for all rows
-        kept_rows, new_rows = {}, {}
-        for slot, logits in zip(slots, all_logits):
-            tree, row = trees[slot], live[slot]
-            if self.params.greedy:
-                path, bonus = accept_greedy(tree, logits)
-            else:
-                path, bonus = accept_stochastic(tree, probabilities(logits, self.params), row.request.generator)
-            kept_rows[slot] = [0, *path]
-            new_rows[slot] = (path, tree.tokens[path].tolist() + [bonus])
-        cache.commit_rows(kept_rows)
-        for slot, row in live.items():
-            path, new = new_rows[slot]
-            drafter = row.request.drafter
-            drafter.observe(new, feats[slot, kept_rows[slot]] if drafter.needs_hidden else None)
-            row.out.extend(new)
-            row.accept_lengths.append(len(new))
-            _record_nodes(row.nodes, trees[slot], len(row.rounds), path)
-        t3 = device_clock(self.device)
-        for slot, row in live.items():
-            tree = trees[slot]
-            row.rounds.append(RoundStats(len(tree), len(new_rows[slot][0]), draft_s[slot], draft_fwd[slot], t2 - t1,
-                                         (t3 - t2) / len(live), {**tree.meta, "batch_nodes": tokens.shape[1]}))
+        """The shared round over every live row; its timing read at once (one wait on CUDA per round)."""
+        clock, seqs = Clock(self.device), {slot: row.seq for slot, row in live.items()}
+        decode_round(seqs, BatchVerifier(self.target, cache, self.limit, self.tap), self.params, clock)
+        seconds = clock.resolve()
+        for seq in seqs.values():
+            seq.settle(seconds)
 
     # -- the queue ---------------------------------------------------------------------------------
     @torch.no_grad()

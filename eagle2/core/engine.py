@@ -1,9 +1,10 @@
 """The decoding loop shared by every method: prefill, then rounds of propose -> verify -> accept -> commit.
 
-Plain decoding is the same loop with a drafter that proposes the root alone. The engine knows
-nothing about tokenization or about how a drafter builds its tree; drafters know nothing about
-verification. Token counting is one rule for every method: tokens appended to the output, cut
-after the first EOS and at ``max_new_tokens``.
+``decode_round`` is the one round, for one sequence (``generate``, with ``SingleVerifier``) or a batch of them
+(``eagle2.core.batch_engine``, with its ``BatchVerifier``). Plain decoding is the same loop with a drafter
+that proposes the root alone. The engine knows nothing about tokenization or about how a drafter
+builds its tree; drafters know nothing about verification. Token counting is one rule for every
+method: tokens appended to the output, cut after the first EOS and at ``max_new_tokens``.
 
 The drafter interface is ``eagle2.drafters.base.Drafter``.
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from eagle2.core.accept import accept_greedy, accept_stochastic
 from eagle2.core.cache import forward_target, keep_tree_path, new_cache
-from eagle2.core.clock import Clock, Spans
+from eagle2.core.clock import Clock
 from eagle2.core.features import LayerTap
 from eagle2.core.sampling import SamplingParams, next_token, probabilities
 from eagle2.core.tree import DraftTree
@@ -81,10 +83,114 @@ def _record_nodes(store: dict[str, list], tree: DraftTree, round_idx: int, path:
     store.setdefault("accepted", []).extend([i in on_path for i in indices])
 
 
-def _feature_tap(target, drafter) -> LayerTap | None:
+def feature_tap(target, drafter) -> LayerTap | None:
     """A tap on the target layers whose inputs the drafter reads (EAGLE-3), if it names any."""
     layers = getattr(drafter, "feature_layers", None) if drafter.needs_hidden else None
     return LayerTap(target, layers) if layers else None
+
+
+# ---- one round, for one sequence or a batch of them -------------------------------------------------
+
+@dataclass
+class Sequence:
+    """One request's decoding state across rounds: its drafter and generator, the tokens so far (the first
+    from prefill), and per round its accepted length, node records and timing marks (read as ``RoundStats``
+    by ``settle`` once the clock that made them is resolved)."""
+
+    drafter: Any  # eagle2.drafters.base.Drafter
+    generator: torch.Generator | None
+    out: list[int]
+    accept_lengths: list[int] = field(default_factory=list)
+    rounds: list[RoundStats] = field(default_factory=list)
+    nodes: dict[str, list] = field(default_factory=dict)
+    pending: list[tuple] = field(default_factory=list)  # (marks, (tree size, accepted, meta)) not yet settled
+
+    def __post_init__(self):
+        self.spans = getattr(self.drafter, "spans", None)  # its own forwards (None: no model, ``forward_time``)
+
+    def forward_count(self) -> float:
+        """Where the drafter's forward timing stands: its span count, or its ``forward_time`` seconds."""
+        return len(self.spans) if self.spans is not None else self.drafter.forward_time
+
+    def finished(self, max_new_tokens: int, eos_ids: set[int], length: int, limit: int) -> bool:
+        """Done: enough tokens, an EOS, or no room for one more position in the context."""
+        return len(self.out) >= max_new_tokens or self.out[-1] in eos_ids or length + 1 > limit
+
+    def settle(self, seconds: list[float]) -> None:
+        """Turn the pending rounds' marks into ``RoundStats`` (``seconds``: their clock, resolved)."""
+        for (t0, t1, v0, v1, t3, f0, f1, live), (size, accepted, meta) in self.pending:
+            # the drafter's spans end before the engine's last mark, already waited for: no second wait
+            draft_forward = self.spans.seconds(f0, f1, wait=False) if self.spans is not None else f1 - f0
+            draft = seconds[t1] - seconds[t0]
+            verify = seconds[v1] - seconds[v0]
+            other = (draft - draft_forward) + (seconds[t3] - seconds[v1]) / live  # acceptance, commit: shared
+            self.rounds.append(RoundStats(size, accepted, draft, draft_forward, verify, other, meta))
+        self.pending.clear()
+
+    def output(self, eos_ids: set[int], max_new_tokens: int, prefill_s: float, wall_s: float) -> GenerationOutput:
+        """The finished generation: tokens cut at the first EOS and at ``max_new_tokens``."""
+        out = _trim(self.out, eos_ids, max_new_tokens)
+        _trim_lengths(self.accept_lengths, len(out) - 1)
+        return GenerationOutput(out, prefill_s, wall_s, self.accept_lengths, self.rounds, self.nodes)
+
+
+def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, clock: Clock) -> None:
+    """One round for every sequence of ``seqs`` (row -> sequence): propose -> verify -> accept -> commit.
+
+    ``verifier`` owns the target and its KV cache: ``room(row)`` (positions left), ``verify(trees)`` (ONE
+    target forward over every row's tree: logits (N, V) per row, the drafters' features (B, Q, F) and facts
+    for the round records) and ``commit(kept)`` (every row's cache keeps only its accepted path). Batch 1
+    is ``SingleVerifier``; batched decoding ``eagle2.core.batch_engine.BatchVerifier``."""
+    trees, marks = {}, {}
+    for row, seq in seqs.items():  # 1. propose: each row's drafter builds its own tree
+        t0, f0 = clock.mark(), seq.forward_count()
+        trees[row] = seq.drafter.propose(seq.out[-1], room=verifier.room(row))
+        marks[row] = (t0, clock.mark(), f0)
+    v0 = clock.mark() if len(seqs) > 1 else marks[row][1]  # batch 1: verify starts where proposing ended
+    logits, features, facts = verifier.verify(trees)  # 2. verify: one target forward for every row
+    v1 = clock.mark()
+    accepted = {}
+    for row, seq in seqs.items():  # 3. accept: the longest accepted path plus one bonus token, per row
+        if params.greedy:
+            accepted[row] = accept_greedy(trees[row], logits[row])
+        else:
+            accepted[row] = accept_stochastic(trees[row], probabilities(logits[row], params), seq.generator)
+    kept = {row: [0, *path] for row, (path, _) in accepted.items()}
+    verifier.commit(kept)  # 4. commit: caches keep the accepted paths; each drafter hears what was accepted
+    for row, seq in seqs.items():
+        (path, bonus), tree, drafter = accepted[row], trees[row], seq.drafter
+        new = tree.tokens[path].tolist() + [bonus]  # one read, not one per accepted node
+        drafter.observe(new, features[row, kept[row]] if drafter.needs_hidden else None)
+        seq.out.extend(new)
+        seq.accept_lengths.append(len(new))
+        _record_nodes(seq.nodes, tree, len(seq.rounds) + len(seq.pending), path)
+    t3 = clock.mark()
+    for row, seq in seqs.items():
+        t0, t1, f0 = marks[row]
+        seq.pending.append(((t0, t1, v0, v1, t3, f0, seq.forward_count(), len(seqs)),
+                            (len(trees[row]), len(accepted[row][0]), {**trees[row].meta, **facts})))
+
+
+class SingleVerifier:
+    """Batch 1: the target and its own KV cache, ``prefix`` positions committed."""
+
+    def __init__(self, target, cache, prefix: int, limit: int, tap: LayerTap | None):
+        self.target, self.cache, self.prefix, self.limit, self.tap = target, cache, prefix, limit, tap
+
+    def room(self, row: int) -> int:
+        return self.limit - self.prefix
+
+    def verify(self, trees: dict[int, DraftTree]):
+        tree, device = trees[0], self.target.device
+        mask = tree.attention_mask(self.prefix, self.target.dtype, device)
+        hidden = forward_target(self.target, tree.tokens[None].to(device), self.cache, attention_mask=mask,
+                                position_ids=tree.position_ids(self.prefix, device))  # (1, N, H)
+        logits = self.target.lm_head(hidden[0])  # (N, V)
+        return {0: logits}, hidden if self.tap is None else self.tap.read(), {}
+
+    def commit(self, kept: dict[int, list[int]]) -> None:
+        keep_tree_path(self.cache, self.prefix, kept[0])
+        self.prefix += len(kept[0])
 
 
 @torch.no_grad()
@@ -97,7 +203,7 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
     limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
     if len(prompt_ids) + 1 > limit:
         raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
-    tap = _feature_tap(target, drafter)
+    tap = feature_tap(target, drafter)
     try:
         return _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit, tap,
                        new_cache(target, in_place_cache))
@@ -115,56 +221,15 @@ def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, genera
     first = next_token(target.lm_head(hidden[0, -1]), params, generator)
     feats = hidden if tap is None else tap.read()
     drafter.start(prompt_ids, first, feats[0] if drafter.needs_hidden else None)
-    spans = getattr(drafter, "spans", None)  # a drafter's own forwards (None: no model, ``forward_time``)
     decode_start = clock.mark()
-    out, root, prefix = [first], first, len(prompt_ids)
-    accept_lengths, trees, marks, nodes = [], [], [], {}
-    while len(out) < max_new_tokens and out[-1] not in eos_ids and prefix + 1 <= limit:
-        t0, f0 = clock.mark(), _forward_count(drafter, spans)
-        tree = drafter.propose(root, room=limit - prefix)
-        t1 = clock.mark()
-        mask = tree.attention_mask(prefix, target.dtype, device)
-        hidden = forward_target(target, tree.tokens[None].to(device), cache, attention_mask=mask,
-                                position_ids=tree.position_ids(prefix, device))
-        logits = target.lm_head(hidden[0])  # (N, V)
-        t2 = clock.mark()
-        if params.greedy:
-            path, bonus = accept_greedy(tree, logits)
-        else:
-            path, bonus = accept_stochastic(tree, probabilities(logits, params), generator)
-        kept = [0, *path]
-        keep_tree_path(cache, prefix, kept)
-        new = tree.tokens[path].tolist() + [bonus]  # one read, not one per accepted node
-        feats = hidden if tap is None else tap.read()
-        drafter.observe(new, feats[0, kept] if drafter.needs_hidden else None)
-        out.extend(new)
-        prefix, root = prefix + len(kept), bonus
-        accept_lengths.append(len(new))
-        _record_nodes(nodes, tree, len(trees), path)
-        trees.append((len(tree), len(path), dict(tree.meta)))
-        marks.append((t0, t1, t2, clock.mark(), f0, _forward_count(drafter, spans)))
+    seq, verifier = Sequence(drafter, generator, [first]), SingleVerifier(target, cache, len(prompt_ids), limit, tap)
+    while not seq.finished(max_new_tokens, eos_ids, verifier.prefix, limit):
+        decode_round({0: seq}, verifier, params, clock)
     end = clock.mark()
     seconds = clock.resolve()  # the one wait of the generation (CUDA)
-    rounds = [_round_stats(seconds, spans, m, t) for m, t in zip(marks, trees)]
-    out = _trim(out, eos_ids, max_new_tokens)
-    _trim_lengths(accept_lengths, len(out) - 1)
-    return GenerationOutput(out, seconds[decode_start] - seconds[start], seconds[end] - seconds[decode_start],
-                            accept_lengths, rounds, nodes)
-
-
-def _forward_count(drafter, spans: Spans | None) -> float:
-    """Where the drafter's forward timing stands: its span count, or its ``forward_time`` seconds."""
-    return len(spans) if spans is not None else drafter.forward_time
-
-
-def _round_stats(seconds: list[float], spans: Spans | None, marks: tuple, tree: tuple) -> RoundStats:
-    t0, t1, t2, t3, f0, f1 = marks
-    # the drafter's spans end before the engine's last mark, already waited for: no second wait
-    draft_forward = spans.seconds(f0, f1, wait=False) if spans is not None else f1 - f0
-    verify = seconds[t2] - seconds[t1]
-    size, accepted, meta = tree
-    return RoundStats(size, accepted, seconds[t1] - seconds[t0], draft_forward, verify,
-                      (seconds[t3] - seconds[t0]) - draft_forward - verify, meta)
+    seq.settle(seconds)
+    return seq.output(eos_ids, max_new_tokens, seconds[decode_start] - seconds[start],
+                      seconds[end] - seconds[decode_start])
 
 
 def _trim(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> list[int]:

@@ -1,5 +1,5 @@
 """The per-round budget of EAGLE-2 with ``method.total_tokens=auto``: a pure policy over a measured
-cost profile (measured by ``eagle2.drafters.cost_profile``).
+cost profile (measured by ``eagle2.bench.cost_profile``).
 
 Each round verifies the ``m`` best drafted nodes (by path value V) that maximise the expected tokens
 per second

@@ -6,9 +6,9 @@ incrementally as a sum of log-probabilities) are expanded with their ``top_k`` m
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
 (``total_tokens=auto``) the number kept is chosen per round by ``eagle2.drafters.budget.best_budget``: the
-count that maximises expected tokens per second, at most ``max_total_tokens``. A drafter for batched
-decoding (the method config's ``verify_rows`` = B, set by the batched runner) reads the profile of B rows
-verified together, ``T_B(q)``, since that is what a round of its batch costs.
+count that maximises expected tokens per second, at most ``max_total_tokens``. The profile is data the
+harness measured and hands over (``weights["cost_profile"]``, ``eagle2.bench.cost_profile``): this drafter
+never times a target forward. For batched decoding it is the profile of B rows verified together, ``T_B(q)``.
 
 Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
 what followed the last n tokens earlier in the prompt or output) is merged into the tree within the
@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 
 from eagle2.core.tree import DraftTree
-from eagle2.drafters import cost_profile
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
 from eagle2.drafters.lookup import LookupSettings, find_chains
@@ -140,15 +139,10 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
     head, drafting = weights["head"], drafting_settings(method_cfg, weights["head"])
     depth, top_k, total, profile = int(method_cfg.depth), int(method_cfg.top_k), method_cfg.total_tokens, None
     if str(total) == "auto":
-        total = int(method_cfg.get("max_total_tokens") or 64)
-
-        def make_drafter(d: int) -> Eagle2Drafter:  # the drafter whose rounds the profile times
-            return Eagle2Drafter(head, target.lm_head, target.device, depth=d, top_k=top_k, total_tokens=1, **drafting)
-
-        profile = cost_profile.get_profile(target, head, drafting, make_drafter, depth=depth, top_k=top_k,
-                                           profile_dir=method_cfg.get("profile_dir"),
-                                           remeasure=bool(method_cfg.get("reprofile", False)), max_q=total + 1,
-                                           rows=int(method_cfg.get("verify_rows") or 1))
+        total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
+        if profile is None:
+            raise ValueError("method.total_tokens=auto needs the cost profile the harness measures "
+                             "(eagle2.bench.methods.build_drafter hands it over as weights['cost_profile'])")
     elif not str(total).isdigit():
         raise ValueError(f"method.total_tokens must be a positive integer or auto, not {total!r}")
     lookup = None

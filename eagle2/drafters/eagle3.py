@@ -8,4 +8,5 @@ from eagle2.drafters import eagle2_dynamic
 
 
 def build(method_cfg, target, params, generator, weights: dict):
-    return eagle2_dynamic.build(method_cfg, target, params, generator, {"head": weights["eagle3_head"]})
+    return eagle2_dynamic.build(method_cfg, target, params, generator,
+                                {"head": weights["eagle3_head"], "cost_profile": weights.get("cost_profile")})

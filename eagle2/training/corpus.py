@@ -28,10 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from eagle2.bench.chat import encode_conversation, stop_ids
-from eagle2.bench.data import all_benchmark_questions
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.features import LayerTap, eagle3_layers
+from eagle2.prompts.chat import encode_conversation, stop_ids
+from eagle2.prompts.questions import all_benchmark_questions
 
 
 def _read_records(path: Path) -> list[dict]:

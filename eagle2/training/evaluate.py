@@ -190,7 +190,7 @@ def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: s
                           stop_tokens=(), tap_layers=()) -> Path:
     """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
     (resumable; reused when already complete), with the ``tap_layers`` inputs when given."""
-    from eagle2.bench.data import benchmark_file, load_questions
+    from eagle2.prompts.questions import benchmark_file, load_questions
     from eagle2.training.corpus import build_corpus
 
     questions = load_questions(benchmark_file(benchmark, benchmarks_dir), limit)

@@ -9,7 +9,7 @@ Per conversation (``normalise``): roles ``human``/``user`` are the user, ``gpt``
 ``assistant`` the assistant; ``system`` turns are dropped (the target's own system prompt is used); a leading
 assistant turn is dropped; the conversation is cut at the first empty turn, unknown role or two turns of
 one role in a row; what remains must hold at least one complete (user, assistant) exchange. Every kept
-conversation is rendered through the target's chat template (``eagle2.bench.chat``) once, and its answer
+conversation is rendered through the target's chat template (``eagle2.prompts.chat``) once, and its answer
 spans (the assistant turns' tokens plus the end-of-turn token, where the loss counts) come from the
 tokenizer's character offsets; a conversation longer than ``max_tokens`` is cut there (its spans clipped).
 
@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from eagle2.bench.chat import chat_messages, render, stop_ids
-from eagle2.bench.data import all_benchmark_questions
+from eagle2.prompts.chat import chat_messages, render, stop_ids
+from eagle2.prompts.questions import all_benchmark_questions
 from eagle2.training.conversations import Dedup
 from eagle2.training.token_shards import read_token_shard, token_shard_paths, write_token_shard
 

@@ -56,7 +56,7 @@ def check_row(row: dict) -> None:
         return
     missing, extra = sorted(set(ROW_FIELDS) - set(row)), sorted(set(row) - set(ROW_FIELDS))
     if missing or extra:
-        raise RowSchemaError(f"row fields differ from eagle2/bench/row_schema.py: missing {missing}, "
+        raise RowSchemaError(f"row fields differ from eagle2/results/row_schema.py: missing {missing}, "
                              f"unexpected {extra}")
     wrong = [f"{k}={type(row[k]).__name__}" for k, types in ROW_FIELDS.items()
              if not isinstance(row[k], types) or (types == (int,) and isinstance(row[k], bool))]

@@ -1,6 +1,9 @@
 """Measuring the round costs of one target + EAGLE head on this machine (the profile that
 ``eagle2.drafters.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``).
 
+The harness measures it (``auto_budget_profile``, called by ``eagle2.bench.methods.build_drafter``) and hands
+it to the drafter as data (``weights["cost_profile"]``): drafters never time target forwards themselves.
+
 ``T_verify(q)`` is one target forward over ``q`` tree tokens (root included) plus its LM head, and
 ``T_draft`` one drafting round at each depth up to the configured one. Both are measured once per
 (target, head, drafting settings, device, dtype, threads, kernels) on a context of ``context`` tokens and
@@ -26,6 +29,7 @@ from eagle2.core.engine import device_clock
 from eagle2.core.features import LayerTap
 from eagle2.core.kernels import kernels_in_use
 from eagle2.drafters.budget import CostProfile
+from eagle2.drafters.eagle_common import drafting_settings
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "profiles"
 _loaded: dict[str, "CostProfile"] = {}  # profiles in use by this process (measured once per process)
@@ -174,3 +178,22 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
         os.replace(tmp, path)
     _loaded[key] = profile
     return profile
+
+
+def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:
+    """The profile a ``total_tokens=auto`` method prices its rounds with, for its config on this machine.
+    ``build_at(cfg)`` builds the method's drafter for a config; the profile times its rounds at depths
+    1..``depth`` with one node kept (no budget, no lookup branch). ``verify_rows`` (set by the batched
+    runner): the batch size whose verify cost ``T_B(q)`` it holds."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.to_container(method_cfg, resolve=True)
+
+    def make_drafter(d: int):  # the drafter whose rounds the profile times
+        return build_at(OmegaConf.create({**base, "depth": d, "total_tokens": 1, "lookup_branch": False}))
+
+    return get_profile(target, head, drafting_settings(method_cfg, head), make_drafter, depth=int(method_cfg.depth),
+                       top_k=int(method_cfg.top_k), profile_dir=method_cfg.get("profile_dir"),
+                       remeasure=bool(method_cfg.get("reprofile", False)),
+                       max_q=int(method_cfg.get("max_total_tokens") or 64) + 1,
+                       rows=int(method_cfg.get("verify_rows") or 1))
