@@ -63,7 +63,7 @@ gpu-check: $(if $(filter 1,$(CPU_HALF)),install)  ## GPU readiness in <= 8 min o
 ifeq ($(CPU_HALF),1)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(PY) -m experiments.gpu_check --device cpu --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 else
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_check.env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 endif
 
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0

@@ -1,4 +1,4 @@
-"""The GPU check's random-model stages (experiments.gpu_stages) at CPU-proxy size, and their negative
+"""The GPU check's random-model stages (experiments.gpu_check.stages) at CPU-proxy size, and their negative
 controls: a broken acceptance rule and a broken cache commit make the audits fail."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from eagle2.core import engine
-from experiments import gpu_stages as gs
+from experiments.gpu_check import stages as gs
 from tests.broken_rules import accept_second_choice_too
 
 

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 (the stage table in the docstring)
-"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_models``): each
+"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_check.models``): each
 stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
 
 | stage | what | ok means |
@@ -15,7 +15,7 @@ On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and t
 config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small
 budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
 
-``python -m experiments.gpu_stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
+``python -m experiments.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
 list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time
 limit, and keeps what a killed stage wrote.
 """
@@ -36,9 +36,9 @@ import torch
 
 from eagle2.core.engine import device_clock, generate
 from eagle2.core.sampling import SamplingParams
-from experiments import gpu_models as gm
+from experiments.gpu_check import models as gm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("audit_fp16", "audit_bf16", "exact_fp32", "verify_cost", "draft_cost", "syncs")
 LIMITS_S = {"audit_fp16": 75, "audit_bf16": 75, "exact_fp32": 45, "verify_cost": 100, "draft_cost": 50, "syncs": 45}
 AUDITED = {"audit_fp16": ("vicuna7b", torch.float16), "audit_bf16": ("llama31_8b", torch.bfloat16)}
@@ -99,7 +99,18 @@ def _drafting(outs) -> dict:
     drafted = sum(r.tree_size - 1 for out in outs for r in out.rounds)
     rounds = sum(len(out.rounds) for out in outs)
     return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
-            "tau": sum(sum(o.accept_lengths) for o in outs) / max(1, rounds)}
+            "tau": sum(sum(o.accept_lengths) for o in outs) / max(1, rounds), "split_ms": round_split(outs)}
+
+
+def round_split(outs) -> dict:
+    """The mean round in milliseconds: whole, draft (the drafter's propose), verify (the target's tree
+    forward and LM head), other (acceptance, cache commit, records)."""
+    rounds = [r for out in outs for r in out.rounds]
+    n = max(1, len(rounds))
+    draft = sum(r.draft_time_s for r in rounds) / n * 1e3
+    verify = sum(r.verify_forward_s for r in rounds) / n * 1e3
+    whole = sum(r.draft_forward_s + r.verify_forward_s + r.other_s for r in rounds) / n * 1e3
+    return {"round": whole, "draft": draft, "verify": verify, "other": whole - draft - verify}
 
 
 # ---- the stages --------------------------------------------------------------------------------------
@@ -307,7 +318,7 @@ def row_writer(path: Path | None, rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_stages", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check.stages", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=STAGES)
     ap.add_argument("--device", default="cuda")

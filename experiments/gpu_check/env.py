@@ -22,7 +22,7 @@ In this order:
 ``EAGLE2_NVIDIA_DEVICE`` names the device node looked for (default ``/dev/nvidia0``), so tests can
 fake a GPU machine (tests/test_gpu_env.py, with a fake ``nvidia-smi`` on the PATH).
 
-    python3 -m experiments.gpu_env [--bundle .gpu_bundle] [--site .gpu_site] [--python P] [--prepare-only] -- ARGS
+    python3 -m experiments.gpu_check.env [--bundle .gpu_bundle] [--site .gpu_site] [--python P] [--prepare-only] -- ARGS
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # import name -> distribution: what experiments.gpu_check and its stages import (all on the lent image)
 NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "numpy": "numpy",
           "yaml": "pyyaml"}
@@ -157,7 +157,7 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(prog="python3 -m experiments.gpu_env", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python3 -m experiments.gpu_check.env", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu_bundle", help="wheels from make gpu-bundle")
     ap.add_argument("--site", type=Path, default=ROOT / ".gpu_site", help="where they are installed")
