@@ -212,10 +212,12 @@ def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
     import signal
 
     root = Path(gpu_check.__file__).resolve().parents[2]
-    script = ("import sys\nfrom experiments.gpu_check import check as gpu_check\nfrom tests.test_gpu_check import FAKE_STAGE\n"
+    script = ("import sys\nfrom experiments.gpu_check import check as gpu_check\n"
+              "from tests.test_gpu_check import FAKE_STAGE\n"
               "gpu_check.stage_command = lambda stage, device, rows: [sys.executable, '-c', FAKE_STAGE, stage, "
               "str(rows), 'hang' if stage == 'verify_cost' else 'ok']\n"
-              f"sys.exit(gpu_check.main(['--device', 'cpu', '--out', {str(tmp_path)!r}, '--work', {str(tmp_path / 'stages')!r}, "
+              f"sys.exit(gpu_check.main(['--device', 'cpu', '--out', {str(tmp_path)!r}, "
+              f"'--work', {str(tmp_path / 'stages')!r}, "
               "'--stages', 'syncs,verify_cost,draft_cost']))\n")
     check = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)

@@ -132,8 +132,9 @@ def test_bundle_installs_offline_and_missing_run_packages_are_only_named(machine
 
 def test_ready_machine_runs_the_check_with_its_exit_status(machine, tmp_path):
     tmp = machine(gpu=True)
-    cmd = [sys.executable, "-m", "experiments.gpu_check.env", "--bundle", str(tmp / "bundle"), "--site", str(tmp / "site"),
-           "--python", str(fake_gpu_python(tmp)), "--", "--stages", "syncs", "--budget-s", "60"]
+    cmd = [sys.executable, "-m", "experiments.gpu_check.env", "--bundle", str(tmp / "bundle"),
+           "--site", str(tmp / "site"), "--python", str(fake_gpu_python(tmp)),
+           "--", "--stages", "syncs", "--budget-s", "60"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr
     assert "CHECK ARGS: --stages syncs --budget-s 60" in done.stdout
