@@ -20,6 +20,7 @@ from eagle2.bench.chat import encode_conversation, stop_ids
 from eagle2.bench.data import PROJECT_ROOT, benchmark_file, load_questions
 from eagle2.bench.methods import build_drafter, method_spec
 from eagle2.bench.models import load_target
+from eagle2.bench.placement import summary as placement_summary
 from eagle2.bench.results import ResultStore, StoreBusyError, StoreWriteError, config_hash
 from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.engine import ContextOverflowError, generate
@@ -212,7 +213,8 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
-                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels)
+                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels,
+                               placement=placement_summary(target))
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])
