@@ -62,17 +62,17 @@ def check(tmp_path, *args) -> tuple[int, dict]:
 
 def test_selected_stages_run_in_the_given_order(tmp_path, fake, capsys):
     fake({})
-    code, report = check(tmp_path, "--stages", "draft_cost,audit_fp16")
+    code, report = check(tmp_path, "--stages", "draft_cost,audit_vicuna7b")
     assert code == 0 and report["complete"], report
-    assert [r["stage"] for r in report["rows"]] == ["draft_cost", "audit_fp16"]
-    assert [r["stage"] for r in report["stage_runs"]] == ["draft_cost", "audit_fp16"]
+    assert [r["stage"] for r in report["rows"]] == ["draft_cost", "audit_vicuna7b"]
+    assert [r["stage"] for r in report["stage_runs"]] == ["draft_cost", "audit_vicuna7b"]
     assert "| draft_cost | fake | ok |" in capsys.readouterr().out  # the one summary table
 
 
 def test_unknown_stage_is_refused(tmp_path, fake):
     fake({})
     with pytest.raises(SystemExit) as exc:
-        gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "audit_fp16,audit_fp8"])
+        gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "audit_vicuna7b,audit_fp8"])
     assert exc.value.code == 2 and not (tmp_path / "gpu_check.json").exists()
 
 
@@ -105,7 +105,7 @@ def alive(pid: int) -> bool:
 
 def test_report_is_rewritten_after_every_stage(tmp_path, fake):
     fake({})
-    code, report = check(tmp_path, "--stages", "audit_fp16,audit_bf16,exact_fp32")
+    code, report = check(tmp_path, "--stages", "audit_vicuna7b,audit_llama31_8b,exact_fp32")
     assert code == 0
     assert [r["seen"] for r in report["rows"]] == [0, 1, 2]  # each stage saw the rows before it on disk
 
@@ -123,8 +123,8 @@ def test_a_failed_or_broken_stage_exits_1(tmp_path, fake, behaviour, error):
 
 
 def test_a_stage_the_budget_does_not_reach_is_a_failed_row(tmp_path, fake):
-    fake({"audit_fp16": "hang"})
-    code, report = check(tmp_path, "--stages", "audit_fp16,exact_fp32", "--budget-s", "7")
+    fake({"audit_vicuna7b": "hang"})
+    code, report = check(tmp_path, "--stages", "audit_vicuna7b,exact_fp32", "--budget-s", "7")
     assert code == 1
     assert report["stage_runs"][0]["limit_s"] <= 7 and report["stage_runs"][0]["killed"]
     last = report["rows"][-1]
@@ -144,7 +144,7 @@ def test_gpu_without_cuda_torch_exits_2(tmp_path, fake, monkeypatch):
 def test_a_real_stage_child_runs(tmp_path):
     code, report = check(tmp_path, "--stages", "syncs")
     assert code == 0 and report["stage_runs"][0]["returncode"] == 0
-    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("syncs", "skipped")]
+    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("syncs", "skipped")] * 2  # T=0, T=1
     assert (tmp_path / "stages" / "syncs.json").exists() and (tmp_path / "stages" / "syncs.log").exists()
     with tarfile.open(tmp_path / "stages.tar") as tar:
         assert sorted(tar.getnames()) == ["syncs.json", "syncs.log"]
@@ -154,7 +154,7 @@ def test_a_real_stage_child_runs(tmp_path):
 def test_the_output_folder_holds_at_most_eight_files(tmp_path, fake):
     """Every stage, each with rows and stderr: the folder holds the report, one log and one tar (the
     stages' own files, packed), nothing else; the working folder is gone."""
-    fake({"audit_bf16": "crash", "verify_cost": "fail"})
+    fake({"audit_llama31_8b": "crash", "verify_cost": "fail"})
     out = tmp_path / "out"
     before = set(Path(tempfile.gettempdir()).glob("gpu_check-*"))
     code = gpu_check.main(["--device", "cpu", "--out", str(out)])
@@ -164,12 +164,12 @@ def test_the_output_folder_holds_at_most_eight_files(tmp_path, fake):
     report = json.loads((out / "gpu_check.json").read_text())
     assert {r["stage"] for r in report["rows"]} == set(gpu_check.STAGES)  # one JSON with every stage
     with tarfile.open(out / "stages.tar") as tar:
-        wrote_rows = [s for s in gpu_check.STAGES if s != "audit_bf16"]  # the crashed stage wrote none
+        wrote_rows = [s for s in gpu_check.STAGES if s != "audit_llama31_8b"]  # the crashed stage wrote none
         assert sorted(tar.getnames()) == sorted([f"{s}.log" for s in gpu_check.STAGES] +
                                                 [f"{s}.json" for s in wrote_rows])
     log = (out / "gpu_check.log").read_text()
     assert [line[5:] for line in log.splitlines() if line.startswith("==== ")] == list(gpu_check.STAGES)
-    assert "boom in audit_bf16" in log
+    assert "boom in audit_llama31_8b" in log
     assert set(Path(tempfile.gettempdir()).glob("gpu_check-*")) == before
 
 

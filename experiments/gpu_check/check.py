@@ -1,7 +1,7 @@
-"""``make gpu-check``: is a fresh GPU machine ready for the paper's runs? One command inside a 15-minute
-GPU loan: no hub, no real weights, no omegaconf/hydra; the stages of ``experiments.gpu_check.stages`` on
-random-weight models at the real shapes (Vicuna-7B fp16, LLaMA-3.1-8B bf16), each row with its pass
-criterion (the table in that module's docstring).
+"""``make gpu-check``: is a fresh GPU node ready for the paper's runs? One command of at most 8 minutes:
+no hub, no real weights, no omegaconf/hydra; the stages of ``experiments.gpu_check.stages`` on
+random-weight models at the real shapes (Vicuna-7B, LLaMA-3.1-8B, each in its config's dtype), each row
+with its pass criterion (the table in that module's docstring).
 
 Each selected stage (``--stages``, default all, in the given order) runs as
 ``python -m experiments.gpu_check.stages STAGE`` in a child process (its own session) killed at the stage's
@@ -29,7 +29,7 @@ On a CPU (``--device cpu``, ``make gpu-check CPU_HALF=1``) the same stages run a
 models with head dimension 8 and the real vocabularies, a small EAGLE-2 budget; ``syncs`` skipped): the
 whole pipeline without a GPU, in 2-3 minutes on two cores; the timing criteria need CUDA.
 
-    python -m experiments.gpu_check [--stages audit_fp16,verify_cost] [--budget-s 480] [--out DIR]
+    python -m experiments.gpu_check [--stages audit_vicuna7b,verify_cost] [--budget-s 480] [--out DIR]
 """
 
 from __future__ import annotations
