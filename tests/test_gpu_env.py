@@ -138,3 +138,12 @@ def test_ready_machine_runs_the_check_with_its_exit_status(machine, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr
     assert "CHECK ARGS: --stages syncs --budget-s 60" in done.stdout
+
+
+def test_sentencepiece_is_declared_and_named_when_missing():
+    """Vicuna's and LLaMA-2's tokenizers need sentencepiece: the gpu extra declares it, the launcher names it."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("sentencepiece") for req in extras["gpu"])
+    assert gpu_env.FOR_RUNS["sentencepiece"] == "sentencepiece"
