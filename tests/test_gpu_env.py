@@ -1,4 +1,4 @@
-"""experiments.gpu_env, the launcher of ``make gpu-check``, in a simulated GPU machine: a fake
+"""experiments.gpu_check.env, the launcher of ``make gpu-check``, in a simulated GPU machine: a fake
 ``nvidia-smi`` on the PATH, a faked device node, faked missing packages, this machine's CPU build of
 torch, a fake interpreter standing for the GPU image's. Each refusal path and its exit code."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import gpu_env
+from experiments.gpu_check import env as gpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SMI = "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H200 (UUID: GPU-00000000-fake)'\n"
@@ -132,8 +132,18 @@ def test_bundle_installs_offline_and_missing_run_packages_are_only_named(machine
 
 def test_ready_machine_runs_the_check_with_its_exit_status(machine, tmp_path):
     tmp = machine(gpu=True)
-    cmd = [sys.executable, "-m", "experiments.gpu_env", "--bundle", str(tmp / "bundle"), "--site", str(tmp / "site"),
-           "--python", str(fake_gpu_python(tmp)), "--", "--stages", "syncs", "--budget-s", "60"]
+    cmd = [sys.executable, "-m", "experiments.gpu_check.env", "--bundle", str(tmp / "bundle"),
+           "--site", str(tmp / "site"), "--python", str(fake_gpu_python(tmp)),
+           "--", "--stages", "syncs", "--budget-s", "60"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr
     assert "CHECK ARGS: --stages syncs --budget-s 60" in done.stdout
+
+
+def test_sentencepiece_is_declared_and_named_when_missing():
+    """Vicuna's and LLaMA-2's tokenizers need sentencepiece: the gpu extra declares it, the launcher names it."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("sentencepiece") for req in extras["gpu"])
+    assert gpu_env.FOR_RUNS["sentencepiece"] == "sentencepiece"

@@ -1,4 +1,4 @@
-"""The GPU check's random-model stages (experiments.gpu_stages) at CPU-proxy size, and their negative
+"""The GPU check's random-model stages (experiments.gpu_check.stages) at CPU-proxy size, and their negative
 controls: a broken acceptance rule and a broken cache commit make the audits fail."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from eagle2.core import engine
-from experiments import gpu_stages as gs
+from experiments.gpu_check import stages as gs
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -18,7 +19,7 @@ def run(stage: str) -> dict:
     return rows[0]
 
 
-@pytest.mark.parametrize("stage", ["audit_fp16", "exact_fp32"])
+@pytest.mark.parametrize("stage", ["audit_vicuna7b", "exact_fp32"])
 def test_stage_passes_and_drafts_are_accepted(stage):
     row = run(stage)
     assert row["status"] == "ok" and row["criterion"] and row["accepted"] >= 1, row
@@ -26,13 +27,40 @@ def test_stage_passes_and_drafts_are_accepted(stage):
         assert 0 < row["error_ratio_p99"] <= row["error_ratio_max"] < math.inf and row["tolerance_factor"] > 0, row
 
 
+def test_audits_run_in_their_model_configs_dtype(tmp_path, monkeypatch):
+    assert gs.config_dtype("vicuna7b") == torch.float16  # every GPU config runs fp16 (conf/model/_base.yaml)
+    assert gs.config_dtype("llama31_8b") == torch.float16
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "_base.yaml").write_text("dtype: float16\n")
+    (tmp_path / "conf" / "model" / "bf16model.yaml").write_text("dtype: bfloat16\n")
+    monkeypatch.setattr(gs, "ROOT", tmp_path)
+    assert gs.config_dtype("bf16model") == torch.bfloat16  # where a config says bf16, bf16
+
+
+def test_the_audit_judges_with_the_factor_it_measured(monkeypatch):
+    """The row's factor is the one measured on its model (the suggested factor of its own ratios), every
+    turn is judged with it, and the process's factors are as they were afterwards."""
+    from eagle2.bench import identity
+    from experiments.numeric_tolerance import suggested_factor
+
+    used, real = [], identity.classify
+    monkeypatch.setattr(identity, "classify", lambda *a, **k: used.append(
+        (identity.TOLERANCE_FACTORS["float16"], identity.tolerance_measured("float16"))) or real(*a, **k))
+    before = dict(identity.TOLERANCE_FACTORS), set(identity.MEASURED)
+    row = run("audit_vicuna7b")
+    assert row["tolerance_measured"] and row["dtype"] == "float16", row
+    assert suggested_factor(torch.tensor([row["error_ratio_max"]])) == row["tolerance_factor"]
+    assert used == [(row["tolerance_factor"], True)] * row["turns"], used
+    assert (dict(identity.TOLERANCE_FACTORS), set(identity.MEASURED)) == before
+
+
 def test_broken_acceptance_fails_the_audit(monkeypatch):
     monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
-    row = run("audit_fp16")
+    row = run("audit_vicuna7b")
     assert row["status"] == "failed" and row["algorithmic"] >= 1, row
 
 
-@pytest.mark.parametrize("stage", ["audit_fp16", "exact_fp32"])
+@pytest.mark.parametrize("stage", ["audit_vicuna7b", "exact_fp32"])
 def test_broken_commit_fails(stage, monkeypatch):
     real = engine.keep_tree_path
     monkeypatch.setattr(engine, "keep_tree_path", lambda c, p, nodes: real(c, p, list(range(len(nodes)))))

@@ -15,6 +15,7 @@ from collections import deque
 from omegaconf import OmegaConf
 
 from eagle2.bench.methods import build_drafter
+from eagle2.bench.placement import summary as placement_summary
 from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
 from eagle2.prompts.chat import encode_conversation
@@ -56,7 +57,7 @@ def decode_batched(cfg, *, chash: str, store, questions: list[dict], target, tok
                  "batch_admitted_at": res.admitted_at, "batch_retired_at": res.retired_at,
                  "batch_run_start": res.run_started}
         row = make_row(cfg, chash, q, turn, res.request.prompt_ids, res.output, tokenizer, fingerprints, kernels,
-                       batch)
+                       batch, placement=placement_summary(target))
         store.append(row, res.output.nodes)
         logger.log_row(row)
         enqueue(q, turn + 1, [*answers, row["output_text"]])

@@ -1,4 +1,5 @@
-"""Experiment logging: Weights & Biases (offline by default, never asks for a key) or nothing.
+"""Experiment logging: Weights & Biases (offline by default, never asks for a key) or nothing; where
+wandb is not installed (a bare GPU node) the logger falls back to ``none`` with one line.
 
 Per turn it logs the row's scalar metrics; at the end the run summary. The results store, not the
 logger, is the source of truth for every figure.
@@ -6,10 +7,12 @@ logger, is the source of truth for every figure.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger(__name__)
 SCALARS = ("new_tokens", "wall_time_s", "prefill_time_s", "target_forwards", "tokens_per_s", "e2e_tokens_per_s", "tau")
 
 
@@ -48,5 +51,11 @@ class WandbLogger(NullLogger):
 
 def make_logger(cfg: DictConfig, chash: str):
     if cfg.logger.get("enabled") and cfg.logger.name == "wandb":
+        try:
+            import wandb  # noqa: F401  (absent on a bare GPU node)
+        except ImportError as exc:
+            log.warning("wandb cannot be imported (%s): logging to none (rows still go to the results store; "
+                        "logger=none silences this line)", exc)
+            return NullLogger()
         return WandbLogger(cfg, chash)
     return NullLogger()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from eagle2.bench.placement import PlacementError, check_offload, gpu_budgets, max_memory, weights_bytes
 from eagle2.core.kernels import accelerate
 from eagle2.core.precision import concrete_dtype, resolve_dtype, warn_if_slow_bf16
 from eagle2.heads.checkpoint import ModelUnavailableError
@@ -112,13 +113,23 @@ def load_pretrained(cls, location: str, config_key: str = "model.path", **kwargs
 
 def device_map(model_cfg, device: str):
     """Where ``from_pretrained`` puts the weights as it reads them (None: load, then ``.to(device)``).
-    ``model.device_map`` when set (``auto``: accelerate spreads them over the visible GPUs, then host
-    memory: a 70B in fp16 is 141 GB); on a CUDA device the device itself, so that shards stream to the
-    GPU instead of through host RAM; on a CPU none (the loading path the CPU results were made with)."""
+    ``model.device_map`` when set (``auto``: accelerate spreads them over the visible GPUs within explicit
+    budgets, never to host memory or disk unless ``model.allow_offload``: ``eagle2.bench.placement``);
+    on a CUDA device the device itself, so that shards stream to the GPU instead of through host RAM;
+    on a CPU none (the loading path the CPU results were made with)."""
     placement = model_cfg.get("device_map")
     if placement is not None:
         return str(placement)
     return str(device) if torch.device(device).type == "cuda" else None
+
+
+def spread_budget(model_cfg, location: str, dtype: torch.dtype) -> dict:
+    """The explicit per-GPU ``max_memory`` for a spread target (``eagle2.bench.placement``)."""
+    from transformers import AutoConfig
+
+    needed = weights_bytes(load_pretrained(AutoConfig, location), dtype)
+    return max_memory(model_cfg.get("name", location), needed, gpu_budgets(model_cfg),
+                      bool(model_cfg.get("allow_offload", False)))
 
 
 def load_target(model_cfg, device: str | None = None, kernels: str | None = None):
@@ -133,11 +144,19 @@ def load_target(model_cfg, device: str | None = None, kernels: str | None = None
     warn_if_slow_bf16(dtype, device)
     tokenizer = load_pretrained(AutoTokenizer, location)
     placement = device_map(model_cfg, device)
+    spread = {"device_map": placement} if placement is not None else {}
+    if placement is not None and torch.device(device).type == "cuda":
+        spread["max_memory"] = spread_budget(model_cfg, location, dtype)  # refuses a target that cannot fit
     model = load_pretrained(AutoModelForCausalLM, location, dtype=dtype,
-                            attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
-                            **({"device_map": placement} if placement is not None else {}))
+                            attn_implementation=model_cfg.get("attn_implementation", "sdpa"), **spread)
     if placement is None:
         model.to(device)
+    try:
+        check_offload(model_cfg.get("name", location), getattr(model, "hf_device_map", None), device,
+                      bool(model_cfg.get("allow_offload", False)))
+    except PlacementError:
+        del model
+        raise
     model.eval()
     accelerate(model, kernels or model_cfg.get("kernels", "auto"), bool(model_cfg.get("compile", False)))
     return model, tokenizer

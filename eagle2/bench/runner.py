@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
+from eagle2.bench.placement import summary as placement_summary
 from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
 from eagle2.core.engine import ContextOverflowError, generate
 from eagle2.core.kernels import accelerate, kernels_in_use
@@ -224,7 +225,8 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                     log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
-                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels)
+                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels,
+                               placement=placement_summary(target))
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])

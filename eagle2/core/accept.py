@@ -13,6 +13,11 @@ the drafter's. Rules:
   standard lossless speculative-sampling rule; a chain of sampled drafts is vanilla SpS.
 Every random choice is one ``Draws`` call (``eagle2.core.sampling``): a coin per tried child, then one
 categorical draw for the bonus/correction token; a test can pass its own ``Draws`` to enumerate them.
+
+Host syncs: per node on the accepted path, the target's distribution there and the drafts' at its
+children come to the host in ONE transfer (``node_rows``); the siblings are then tried on host tensors.
+A round costs one transfer per accepted depth plus one, not one per sibling tried (on a CPU the
+transfer is a no-op and every value is what it was).
 """
 
 from __future__ import annotations
@@ -55,6 +60,17 @@ def _try_child(residual: torch.Tensor, x: int, q: torch.Tensor | None, p_node: t
     return False, _normalise((residual - q).clamp_min(0.0), p_node)
 
 
+def node_rows(p_target: torch.Tensor, q_draft: torch.Tensor | None, node: int, children: list[int]
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the target's distribution at ``node`` (V,), the drafts' at its ``children`` (len, V) or None), on
+    the host in one transfer (the drafts' rows first joined to the target's device and dtype)."""
+    rows = p_target[node:node + 1]
+    if q_draft is not None and children:
+        rows = torch.cat([rows, q_draft[children].to(rows.device, rows.dtype)])
+    host = rows.cpu()
+    return host[0], (host[1:] if q_draft is not None else None)
+
+
 def accept_stochastic(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator | Draws | None
                       ) -> tuple[list[int], int]:
     """p_target (N, V): the target's distribution at every node. Returns (path, bonus token).
@@ -64,9 +80,11 @@ def accept_stochastic(tree: DraftTree, p_target: torch.Tensor, generator: torch.
     tokens = tree.tokens.tolist()
     node, path = 0, []
     while True:
-        p_node = residual = p_target[node]
-        for child in tree.children[node]:
-            q = None if tree.q_draft is None else tree.q_draft[child]
+        children = tree.children[node]
+        p_node, q_rows = node_rows(p_target, tree.q_draft, node, children)  # this depth's one transfer
+        residual = p_node
+        for i, child in enumerate(children):
+            q = None if q_rows is None else q_rows[i]
             accepted, residual = _try_child(residual, tokens[child], q, p_node, draws)
             if accepted:
                 path.append(child)

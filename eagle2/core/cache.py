@@ -160,8 +160,13 @@ def keep_tree_path(cache, prefix_len: int, nodes: list[int]) -> None:
     if nodes == list(range(len(nodes))):  # a prefix of the flattened tree: just crop
         crop(cache, end)
         return
-    idx = torch.tensor(nodes, device=cache.layers[0].keys.device) + prefix_len
-    picked = [(layer.keys.index_select(2, idx), layer.values.index_select(2, idx)) for layer in cache.layers]
+    host = torch.tensor(nodes) + prefix_len
+    on = {}  # the index on each layer's device (a target over several GPUs keeps its layers' caches on theirs)
+    picked = []
+    for layer in cache.layers:
+        device = layer.keys.device
+        idx = on[device] = on[device] if device in on else host.to(device)
+        picked.append((layer.keys.index_select(2, idx), layer.values.index_select(2, idx)))
     for layer, (k, v) in zip(cache.layers, picked):  # write only once every selection succeeded
         if isinstance(layer, InPlaceLayer):
             layer.place(prefix_len, k, v)

@@ -86,7 +86,7 @@ def _record_nodes(store: dict[str, list], tree: DraftTree, round_idx: int, path:
 def feature_tap(target, drafter) -> LayerTap | None:
     """A tap on the target layers whose inputs the drafter reads (EAGLE-3), if it names any."""
     layers = getattr(drafter, "feature_layers", None) if drafter.needs_hidden else None
-    return LayerTap(target, layers) if layers else None
+    return LayerTap(target, layers, getattr(drafter, "device", None)) if layers else None  # on the head's device
 
 
 # ---- one round, for one sequence or a batch of them -------------------------------------------------

@@ -31,10 +31,13 @@ class LayerTap:
     """Captures, at every forward, the hidden states (B, Q, H) entering each of ``layers``.
 
     ``read()`` returns them concatenated along the feature axis (B, Q, len(layers) * H), in the order
-    given. Use as a context manager (or call ``close``) so the hooks never outlive their user."""
+    given, on ``device`` (default: the first named layer's input's): a target spread over several GPUs
+    hands each layer its input on that layer's GPU. Use as a context manager (or call ``close``) so the
+    hooks never outlive their user."""
 
-    def __init__(self, model, layers):
+    def __init__(self, model, layers, device=None):
         self.layers = tuple(int(i) for i in layers)
+        self.device = device
         modules = decoder_layers(model)
         bad = [i for i in self.layers if not 0 <= i < len(modules)]
         if bad:
@@ -51,7 +54,8 @@ class LayerTap:
         missing = [i for i in self.layers if i not in self.captured]
         if missing:
             raise RuntimeError(f"no forward has reached layers {missing} since the tap was installed")
-        return torch.cat([self.captured[i] for i in self.layers], dim=-1)
+        device = self.device if self.device is not None else self.captured[self.layers[0]].device
+        return torch.cat([self.captured[i].to(device) for i in self.layers], dim=-1)
 
     def close(self) -> None:
         for handle in self.handles:

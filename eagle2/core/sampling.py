@@ -10,6 +10,11 @@ around a ``torch.Generator`` (or None) making exactly the calls decoding always 
 ``torch.rand`` per coin, one ``torch.multinomial`` per token — so seeded outputs do not depend on the
 indirection. Tests pass their own ``Draws`` to enumerate every outcome of a round exactly. Functions
 taking a ``generator`` accept a ``torch.Generator``, None or a ``Draws`` (``as_draws``).
+
+A generator on a GPU would make each coin a host sync (a uniform drawn there, then read). There
+``TorchDraws`` draws ``GPU_BATCH`` uniforms (float64) at once and reads them in one transfer, and a
+token from a host distribution is drawn by inverting its cumulative sum at one such uniform: the same
+distributions (independent uniforms either way), another random stream than the one-by-one calls.
 """
 
 from __future__ import annotations
@@ -59,22 +64,46 @@ class Draws(Protocol):
         """One index drawn with probability proportional to the 1D non-negative ``probs``."""
 
 
-class TorchDraws:
-    """Draws from the torch random stream of ``generator`` (None: the global one)."""
+GPU_BATCH = 64  # uniforms drawn and read at once from a generator on a GPU
 
-    def __init__(self, generator: torch.Generator | None):
+
+class TorchDraws:
+    """Draws from the torch random stream of ``generator`` (None: the global one). ``batch``: uniforms
+    drawn at once (default 1 on the host, the calls it always made; ``GPU_BATCH`` for a GPU generator)."""
+
+    def __init__(self, generator: torch.Generator | None, batch: int | None = None):
         self.generator = generator
+        self.device = generator.device if generator is not None else torch.device("cpu")
+        self.batch = batch or (1 if self.device.type == "cpu" else GPU_BATCH)
+        self.uniforms: list[float] = []
+
+    def uniform(self) -> float:
+        if self.batch == 1:  # drawn on the generator's device (a CUDA generator cannot make a CPU tensor)
+            return float(torch.rand((), generator=self.generator, device=self.device))
+        if not self.uniforms:  # one transfer for the next ``batch`` coins
+            drawn = torch.rand(self.batch, generator=self.generator, device=self.device, dtype=torch.float64)
+            self.uniforms = drawn.tolist()[::-1]
+        return self.uniforms.pop()
 
     def accept(self, numerator: float, denominator: float = 1.0) -> bool:
         # the uniform is drawn even when denominator <= 0 (one draw per coin, whatever the outcome);
         # with the default denominator 1.0, u * 1.0 == u exactly: the test is u < numerator
-        # drawn on the generator's device (a CUDA generator cannot make a CPU tensor); CPU: the call it always was
-        device = self.generator.device if self.generator is not None else None
-        u = float(torch.rand((), generator=self.generator, device=device))
+        u = self.uniform()
         return denominator > 0 and u * denominator < numerator
 
     def categorical(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        if self.batch == 1 and probs.device == self.device:
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        return inverse_cdf(probs, self.uniform())
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The index i with cdf[i-1] <= u * total < cdf[i] (never a zero-probability index), ``probs`` 1D."""
+    cdf = probs.detach().to("cpu", torch.float64).cumsum(0)
+    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    if index >= len(cdf):  # u * total rounded up to the total: the last token with mass
+        index = int(torch.nonzero(probs.detach().cpu() > 0).max())
+    return index
 
 
 def as_draws(generator: torch.Generator | Draws | None) -> Draws:

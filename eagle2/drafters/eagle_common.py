@@ -92,6 +92,7 @@ class HeadRunner:
         else:
             self.lm_head = drafting_lm_head(lm_head, lm_head_dtype, vocab)
             self.lm_head_dtype = self.lm_head.weight.dtype
+        self.lm_head_device = next(self.lm_head.parameters()).device  # the last GPU's, when the target spans several
         self.vocab = None if vocab is None else vocab.to(device)  # token id of each drafting logit
         self.spans = Spans(device)  # its own forwards, read after the generation
 
@@ -116,7 +117,8 @@ class HeadRunner:
         """Feed pending pairs; return log-probabilities (V,) of the root's children."""
         crop(self.cache, self.committed)
         tokens = torch.tensor(self.pending_tokens, device=self.device)
-        feats = torch.cat(self.pending_feats).to(self.dtype)
+        # features come from the target's last layers (the last GPU when it spans several): onto the head's
+        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats])
         n = tokens.shape[0]
         positions = torch.arange(self.committed, self.committed + n, device=self.device)
         mask = causal_mask(n, self.committed, self.dtype, self.device)
@@ -135,10 +137,11 @@ class HeadRunner:
         return tokens, top.values
 
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities over the drafting vocabulary (the full one unless reduced)."""
+        """Log-probabilities over the drafting vocabulary (the full one unless reduced), on the head's device
+        (``features`` go to the drafting LM head's device and dtype: the target's, on its last GPU)."""
         with self.spans.span():
-            logits = self.lm_head(features.to(self.lm_head_dtype)).float()
-        return torch.log_softmax(logits, dim=-1)
+            logits = self.lm_head(features.to(self.lm_head_device, self.lm_head_dtype)).float()
+        return torch.log_softmax(logits.to(self.device), dim=-1)
 
     def expand(self, tokens: torch.Tensor | list[int], parent_fed: list[int], depth: int,
                parent_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Benchmark questions: the six 80-question sets shipped in ``data/benchmarks``, or any JSONL file
-in the same format (``question_id``, ``category``, ``turns``), loaded through ``datasets``."""
+in the same format (``question_id``, ``category``, ``turns``), read with the standard library (a GPU node
+without ``datasets`` runs them); only a hub dataset (``dataset.hub``) needs ``datasets``."""
 
 from __future__ import annotations
 
@@ -24,10 +25,15 @@ class QuestionFileError(ValueError):
 
 
 def check_question_file(path: str | Path) -> int:
-    """Check a question JSONL before ``datasets`` reads it: one JSON object a line, each with a
+    """Check a question JSONL (``read_question_file``); return the number of questions."""
+    return len(read_question_file(path))
+
+
+def read_question_file(path: str | Path) -> list[dict]:
+    """Read and check a question JSONL: one JSON object a line, each with a
     ``question_id`` (an int or a string, one type for the whole file, no repeats) and ``turns``, a
     non-empty list of strings. Raise one clear ``QuestionFileError`` naming the file and line;
-    return the number of questions."""
+    return the records, in file order."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist")
@@ -36,6 +42,7 @@ def check_question_file(path: str | Path) -> int:
     except UnicodeDecodeError as exc:
         raise QuestionFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     seen: dict = {}  # question_id -> line
+    records = []
     id_type = None  # (type, line) of the first question_id
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -65,32 +72,26 @@ def check_question_file(path: str | Path) -> int:
         seen[qid] = number
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise QuestionFileError(f"{where}: turns must be a non-empty list of strings, got {turns!r:.80}")
+        records.append(record)
     if not seen:
         raise QuestionFileError(f"{path}: no questions (the file is empty; "
                                 "expected one JSON object a line with question_id and turns)")
-    return len(seen)
+    return records
 
 
 def load_questions(path: str | Path, limit: int | None = None) -> list[dict]:
     """Questions of one JSONL file, in file order, the first ``limit`` of them.
 
-    The file is checked line by line first (``check_question_file``), so a bad file gives one
-    clear error naming its line instead of a ``datasets`` generation error."""
+    The file is checked line by line as it is read (``check_question_file``): a bad file gives one
+    clear error naming its line."""
     path = Path(path)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"dataset.limit={limit!r} is invalid: must be null (all questions) or an integer >= 0")
-    check_question_file(path)
-    import datasets
-
-    datasets.disable_progress_bars()
-    ds = datasets.load_dataset("json", data_files=str(path), split="train")
-    missing = {"question_id", "turns"} - set(ds.column_names)
-    if missing:
-        raise ValueError(f"{path}: records need fields {sorted(missing)}")
+    records = read_question_file(path)
     if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
+        records = records[:limit]
     return [{"question_id": r["question_id"], "category": r.get("category"), "turns": list(r["turns"])}
-            for r in ds]
+            for r in records]
 
 
 def all_benchmark_questions(benchmarks_dir: str | Path | None = None) -> set[str]:

@@ -27,6 +27,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
     "weights": (dict,),  # drafter weights by model-config key -> content hash of the local files (None: hub id)
     "cpu_kind": (str,),  # the host CPU: bf16-native (AVX512-BF16 / AMX), avx2 or unknown (core.cpu.cpu_kind)
+    # where the target's weights are: its device, or modules per GPU when spread (eagle2.bench.placement.summary)
+    "placement": (str,),
     "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +compile (core.kernels)
     "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
     "batch_id": (int, type(None)),  # the same for rows decoded together (None at batch 1)

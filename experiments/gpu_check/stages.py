@@ -1,21 +1,21 @@
 # ruff: noqa: E501 (the stage table in the docstring)
-"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_models``): each
+"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_check.models``): each
 stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
 
 | stage | what | ok means |
 |---|---|---|
-| ``audit_fp16`` | Vicuna-7B shape in fp16: plain and EAGLE-2 greedy on random prompts, identity audit against the fp32 model; the tolerance statistic of ``experiments.numeric_tolerance`` on this model (``error_ratio_max``/``_p99`` beside ``tolerance_factor``) | 0 algorithmic, >= 1 draft token accepted |
-| ``audit_bf16`` | the same, LLaMA-3.1-8B shape in bf16 | the same |
+| ``audit_vicuna7b`` | Vicuna-7B shape in its config's dtype (fp16): first the tolerance, measured on this model (``experiments.numeric_tolerance``'s statistic over calibration prompts: ``error_ratio_max``/``_p99``, ``tolerance_factor`` its suggested factor); then plain and EAGLE-2 greedy on other random prompts, identity audit against the fp32 model with that factor | 0 algorithmic, >= 1 draft token accepted |
+| ``audit_llama31_8b`` | the same, LLaMA-3.1-8B shape in its config's dtype (fp16) | the same |
 | ``exact_fp32`` | Vicuna-7B width at reduced depth in fp32 | EAGLE-2 identical to plain in every turn, >= 1 accepted |
-| ``verify_cost`` | T(q)/T(1), q = 1..max_q after a long context, both shapes: GPU time (CUDA events, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= wall time |
+| ``verify_cost`` | T(q)/T(1), q = 1..max_q after each context of ``verify_contexts`` (512 and 1984: context + q up to the authors' 2048), both shapes: GPU time (CUDA events, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= wall time |
 | ``draft_cost`` | one EAGLE-2 drafting round at depths 1..D: EAGLE-1/2 head (Vicuna-7B), EAGLE-3 head (LLaMA-3.1-8B) | CUDA: each depth past the 2nd adds at most twice the 2nd's cost (+10% of T(1)) |
-| ``syncs`` | host-device syncs per EAGLE-2 round: implicit (``torch.cuda.set_sync_debug_mode``), explicit (``torch.cuda.synchronize``) | implicit <= 4 D + 8 per round (provisional until measured) |
+| ``syncs`` | host-device syncs per EAGLE-2 round at T=0 and at T=1 (stochastic acceptance, a CUDA generator): implicit (``torch.cuda.set_sync_debug_mode``), explicit (``torch.cuda.synchronize``) | implicit <= 4 D + 8 per round (provisional until measured) |
 
 On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model
 config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small
 budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
 
-``python -m experiments.gpu_stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
+``python -m experiments.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
 list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time
 limit, and keeps what a killed stage wrote.
 """
@@ -29,6 +29,7 @@ import os
 import statistics
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +37,14 @@ import torch
 
 from eagle2.core.engine import device_clock, generate
 from eagle2.core.sampling import SamplingParams
-from experiments import gpu_models as gm
+from experiments.gpu_check import models as gm
 
-ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("audit_fp16", "audit_bf16", "exact_fp32", "verify_cost", "draft_cost", "syncs")
-LIMITS_S = {"audit_fp16": 75, "audit_bf16": 75, "exact_fp32": 45, "verify_cost": 100, "draft_cost": 50, "syncs": 45}
-AUDITED = {"audit_fp16": ("vicuna7b", torch.float16), "audit_bf16": ("llama31_8b", torch.bfloat16)}
-SHAPES = (("vicuna7b", torch.float16), ("llama31_8b", torch.bfloat16))  # as the authors run them
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ("audit_vicuna7b", "audit_llama31_8b", "exact_fp32", "verify_cost", "draft_cost", "syncs")
+LIMITS_S = {"audit_vicuna7b": 80, "audit_llama31_8b": 80, "exact_fp32": 45, "verify_cost": 150, "draft_cost": 50,
+            "syncs": 50}  # 455 s together: within the default 480 s budget
+AUDITED = {"audit_vicuna7b": "vicuna7b", "audit_llama31_8b": "llama31_8b"}  # each in its model config's dtype
+SHAPED = ("vicuna7b", "llama31_8b")  # the verify and draft costs: each in its config's dtype
 VERIFY_RATIO_MAX = 2.0
 DRAFT_CRITERION = "each depth past the 2nd adds <= 2x the 2nd's cost + 10% T(1) (no growth with depth)"
 
@@ -56,18 +58,33 @@ class Scale:
     head_dim: int | None  # None: the real one
     exact_layers: int
     prompts: int
+    calibration_prompts: int  # the audits' tolerance measurement, apart from the audited prompts
     prompt_len: int
     new_tokens: int
     max_q: int
-    context: int
+    context: int  # the drafting cost's context
+    verify_contexts: tuple[int, ...]  # the verify curve's: up to the authors' 2048 (context + q <= 2048)
     reps: int
     budget: dict | None  # EAGLE-2 {total_tokens, depth, top_k}; None: the model config's
 
 
 def scale_for(device: str) -> Scale:
     if torch.device(device).type == "cuda":
-        return Scale(device, None, None, 4, 2, 64, 128, 64, 512, 5, None)
-    return Scale(device, 2, 8, 2, 2, 16, 32, 8, 32, 2, {"total_tokens": 12, "depth": 3, "top_k": 4})
+        return Scale(device, None, None, 4, 2, 2, 64, 128, 64, 512, (512, 2048 - 64), 5, None)
+    return Scale(device, 2, 8, 2, 2, 1, 16, 32, 8, 32, (32, 64), 2, {"total_tokens": 12, "depth": 3, "top_k": 4})
+
+
+def config_dtype(name: str) -> torch.dtype:
+    """The dtype ``conf/model/NAME.yaml`` runs in (its ``dtype``, else ``_base.yaml``'s; read with yaml alone)."""
+    import yaml
+
+    from eagle2.core.precision import resolve_dtype
+
+    for file in (f"{name}.yaml", "_base.yaml"):
+        dtype = (yaml.safe_load((ROOT / "conf" / "model" / file).read_text()) or {}).get("dtype")
+        if dtype:
+            return resolve_dtype(dtype)
+    raise ValueError(f"conf/model/{name}.yaml names no dtype")
 
 
 def eagle2_budget(name: str, scale: Scale) -> dict:
@@ -99,41 +116,85 @@ def _drafting(outs) -> dict:
     drafted = sum(r.tree_size - 1 for out in outs for r in out.rounds)
     rounds = sum(len(out.rounds) for out in outs)
     return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
-            "tau": sum(sum(o.accept_lengths) for o in outs) / max(1, rounds)}
+            "tau": sum(sum(o.accept_lengths) for o in outs) / max(1, rounds), "split_ms": round_split(outs)}
+
+
+def round_split(outs) -> dict:
+    """The mean round in milliseconds: whole, draft (the drafter's propose), verify (the target's tree
+    forward and LM head), other (acceptance, cache commit, records)."""
+    rounds = [r for out in outs for r in out.rounds]
+    n = max(1, len(rounds))
+    draft = sum(r.draft_time_s for r in rounds) / n * 1e3
+    verify = sum(r.verify_forward_s for r in rounds) / n * 1e3
+    whole = sum(r.draft_forward_s + r.verify_forward_s + r.other_s for r in rounds) / n * 1e3
+    return {"round": whole, "draft": draft, "verify": verify, "other": whole - draft - verify}
 
 
 # ---- the stages --------------------------------------------------------------------------------------
 
-def audit(stage: str, scale: Scale, emit) -> None:
-    from eagle2.bench.identity import classify, reference_logits, tolerance_factor, tolerance_measured
-    from eagle2.core.precision import dtype_name
-    from experiments.numeric_tolerance import gap_error_ratio
+def measured_factor(target, reference, scale: Scale, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
+    """The audit tolerance factor measured on this model before it judges anything: the gap-error statistic
+    of ``experiments.numeric_tolerance`` (one-token and teacher-forced logits in ``dtype`` against the fp32
+    reference) over calibration prompts apart from the audited ones; (its suggested factor, the ratios)."""
+    from eagle2.bench.identity import reference_logits
+    from experiments.numeric_tolerance import gap_error_ratio, incremental_greedy, suggested_factor
 
-    name, dtype = AUDITED[stage]
+    eps, ratios = torch.finfo(dtype).eps, []
+    for i in range(scale.calibration_prompts):
+        prompt = gm.planted_prompt(target, scale.prompt_len, seed=400 + i)
+        out, one_token = incremental_greedy(target, prompt, scale.new_tokens)
+        ref = reference_logits(reference, prompt, out)
+        forced = reference_logits(target, prompt, out)
+        ratios += [gap_error_ratio(one_token.to(ref.device), ref, eps), gap_error_ratio(forced, ref, eps)]
+    ratios = torch.cat(ratios)
+    return suggested_factor(ratios), ratios
+
+
+@contextmanager
+def tolerance_in_use(run_dtype: str, factor: float):
+    """The identity audit's factor for ``run_dtype`` set to ``factor`` (as measured) inside, restored after."""
+    from eagle2.bench import identity
+
+    factors, measured = dict(identity.TOLERANCE_FACTORS), set(identity.MEASURED)
+    identity.set_tolerance_factor(run_dtype, factor)
+    try:
+        yield
+    finally:
+        identity.TOLERANCE_FACTORS.clear()
+        identity.TOLERANCE_FACTORS.update(factors)
+        identity.MEASURED.clear()
+        identity.MEASURED.update(measured)
+
+
+def audit(stage: str, scale: Scale, emit) -> None:
+    from eagle2.bench.identity import classify, reference_logits
+    from eagle2.core.precision import dtype_name
+
+    name = AUDITED[stage]
+    dtype = config_dtype(name)
+    run_dtype = dtype_name(str(dtype)[6:])
     config = gm.target_config(name, scale.layers, scale.head_dim)
     reference = gm.peaked_target(config, scale.device)
     target = gm.half_copy(reference, dtype)
+    factor, ratios = measured_factor(target, reference, scale, dtype)
     head, budget = gm.planted_head(target), eagle2_budget(name, scale)
-    counts, outs, shares, ratios = {"identical": 0, "numeric": 0, "algorithmic": 0}, [], [], []
-    for i in range(scale.prompts):
-        prompt = gm.planted_prompt(target, scale.prompt_len, seed=100 + i)
-        plain, out = decode_pair(target, head, budget, prompt, scale.new_tokens)
-        ref = reference_logits(reference, prompt, out.output_ids)
-        record = classify(ref, out.output_ids, plain, dtype_name(str(dtype)[6:]))
-        counts[record["status"]] += 1
-        outs.append(out)
-        shares.append(gm.rule_share(target, plain))
-        # the audit tolerance's statistic (experiments.numeric_tolerance) on this model: random weights at the
-        # real shape, so a data point beside the factor in use, not the real checkpoint's measurement
-        ratios.append(gap_error_ratio(reference_logits(target, prompt, out.output_ids), ref, torch.finfo(dtype).eps))
-    facts, ratios = _drafting(outs), torch.cat(ratios)
+    counts, outs, shares = {"identical": 0, "numeric": 0, "algorithmic": 0}, [], []
+    with tolerance_in_use(run_dtype, factor):  # the audit judges with the factor just measured
+        for i in range(scale.prompts):
+            prompt = gm.planted_prompt(target, scale.prompt_len, seed=100 + i)
+            plain, out = decode_pair(target, head, budget, prompt, scale.new_tokens)
+            record = classify(reference_logits(reference, prompt, out.output_ids), out.output_ids, plain, run_dtype)
+            counts[record["status"]] += 1
+            outs.append(out)
+            shares.append(gm.rule_share(target, plain))
+    facts = _drafting(outs)
     ok = counts["algorithmic"] == 0 and facts["accepted"] >= 1
-    emit({"stage": stage, "case": f"{name} shape, {dtype_name(str(dtype)[6:])}, EAGLE-2 {budget}",
+    emit({"stage": stage, "case": f"{name} shape, {run_dtype} (its config's), EAGLE-2 {budget}",
           "status": "ok" if ok else "failed", "criterion": "0 algorithmic, >= 1 accepted", "turns": scale.prompts,
           **counts, **facts, "rule_share": statistics.mean(shares), "layers": config.num_hidden_layers,
-          "width": config.hidden_size, "tolerance_measured": tolerance_measured(str(dtype)[6:]),
-          "tolerance_factor": tolerance_factor(str(dtype)[6:]), "error_ratio_max": float(ratios.max()),
-          "error_ratio_p99": float(ratios.quantile(0.99))})
+          "width": config.hidden_size, "dtype": run_dtype, "tolerance_measured": True, "tolerance_factor": factor,
+          "tolerance_source": "measured on this model (calibration prompts) before the audit",
+          "error_ratio_max": float(ratios.max()), "error_ratio_p99": float(ratios.quantile(0.99))})
 
 
 def exact_fp32(scale: Scale, emit) -> None:
@@ -187,43 +248,52 @@ def _sleep_cycles_per_ms() -> float:
 
 
 def verify_cost(scale: Scale, emit) -> None:
-    from eagle2.bench.cost_profile import measure_verify
     from eagle2.heads.shapes import random_llama
 
     cuda = torch.device(scale.device).type == "cuda"
-    for name, dtype in SHAPES:
+    for name, dtype in ((n, config_dtype(n)) for n in SHAPED):
         config = gm.target_config(name, scale.layers, scale.head_dim)
         start = device_clock(scale.device)
         target = random_llama(config, device=scale.device, dtype=dtype)
         build_s = device_clock(scale.device) - start
-        wall = measure_verify(target, context=scale.context, max_q=scale.max_q, reps=scale.reps)
-        gpu = measure_verify(target, context=scale.context, max_q=scale.max_q, reps=max(3, scale.reps - 2),
-                             timer=gpu_timer(wall)) if cuda else None
-        row = {"stage": "verify_cost", "case": f"{name} shape ({config.num_hidden_layers} layers x "
-               f"{config.hidden_size}, vocab {config.vocab_size}), {str(dtype)[6:]}", "context": scale.context,
-               "build_s": build_s, "T1_wall_ms": wall[0] * 1e3, "ratio_wall": [t / wall[0] for t in wall]}
-        finite = all(math.isfinite(t) and t > 0 for t in wall + (gpu or []))
-        if cuda:
-            ratio = [t / gpu[0] for t in gpu]
-            ok = finite and ratio[-1] <= VERIFY_RATIO_MAX and all(g <= 1.1 * w for g, w in zip(gpu, wall))
-            row.update(T1_gpu_ms=gpu[0] * 1e3, ratio_gpu=ratio,
-                       peak_memory_mb=torch.cuda.max_memory_allocated() / 2**20,
-                       criterion=f"GPU-time T({scale.max_q})/T(1) <= {VERIFY_RATIO_MAX}, GPU time <= 1.1 x wall")
-        else:
-            ok = finite
-            row["criterion"] = "positive finite times (the GPU-time criterion needs CUDA)"
-        emit({**row, "status": "ok" if ok else "failed"})
+        for context in scale.verify_contexts:
+            emit(verify_row(target, name, dtype, context, scale, build_s, cuda))
+            build_s = 0.0  # counted once
         del target
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
 
 
+def verify_row(target, name: str, dtype: torch.dtype, context: int, scale: Scale, build_s: float,
+               cuda: bool) -> dict:
+    """T(q)/T(1) for q = 1..max_q after ``context`` tokens: wall time, and GPU time on CUDA."""
+    from eagle2.bench.cost_profile import measure_verify
+
+    config = target.config
+    wall = measure_verify(target, context=context, max_q=scale.max_q, reps=scale.reps)
+    gpu = measure_verify(target, context=context, max_q=scale.max_q, reps=max(3, scale.reps - 2),
+                         timer=gpu_timer(wall)) if cuda else None
+    row = {"stage": "verify_cost", "case": f"{name} shape ({config.num_hidden_layers} layers x "
+           f"{config.hidden_size}, vocab {config.vocab_size}), {str(dtype)[6:]}, context {context}",
+           "context": context, "build_s": build_s, "T1_wall_ms": wall[0] * 1e3, "ratio_wall": [t / wall[0] for t in wall]}
+    finite = all(math.isfinite(t) and t > 0 for t in wall + (gpu or []))
+    if cuda:
+        ratio = [t / gpu[0] for t in gpu]
+        ok = finite and ratio[-1] <= VERIFY_RATIO_MAX and all(g <= 1.1 * w for g, w in zip(gpu, wall))
+        row.update(T1_gpu_ms=gpu[0] * 1e3, ratio_gpu=ratio, peak_memory_mb=torch.cuda.max_memory_allocated() / 2**20,
+                   criterion=f"GPU-time T({scale.max_q})/T(1) <= {VERIFY_RATIO_MAX}, GPU time <= 1.1 x wall")
+    else:
+        ok = finite
+        row["criterion"] = "positive finite times (the GPU-time criterion needs CUDA)"
+    return {**row, "status": "ok" if ok else "failed"}
+
+
 def draft_cost(scale: Scale, emit) -> None:
     from eagle2.bench.cost_profile import measure_draft
 
     cuda = torch.device(scale.device).type == "cuda"
-    for (name, dtype), build in zip(SHAPES, (gm.planted_head, gm.random_eagle3_head)):
+    for (name, dtype), build in zip(((n, config_dtype(n)) for n in SHAPED), (gm.planted_head, gm.random_eagle3_head)):
         config = gm.target_config(name, scale.layers, scale.head_dim)
         target = gm.half_copy(gm.peaked_target(config, scale.device), dtype)
         head, budget = build(target), eagle2_budget(name, scale)
@@ -240,19 +310,38 @@ def draft_cost(scale: Scale, emit) -> None:
         del target, head
 
 
+SYNC_CASES = (("T=0", SamplingParams()), ("T=1", SamplingParams(temperature=1.0)))  # greedy; stochastic acceptance
+
+
 def syncs(scale: Scale, emit) -> None:
-    name, dtype = SHAPES[0]
-    budget = eagle2_budget(name, scale)
+    name = SHAPED[0]
+    dtype, budget = config_dtype(name), eagle2_budget(name, scale)
     limit = 4 * int(budget["depth"]) + 8
     criterion = f"implicit syncs <= {limit} per round (4 per depth + 8; provisional until measured)"
     if torch.device(scale.device).type != "cuda":
-        emit({"stage": "syncs", "case": "EAGLE-2 round", "status": "skipped", "criterion": criterion,
-              "reason": "torch.cuda.set_sync_debug_mode needs CUDA"})
+        for case, _ in SYNC_CASES:
+            emit({"stage": "syncs", "case": f"EAGLE-2 round, {case}", "status": "skipped", "criterion": criterion,
+                  "reason": "torch.cuda.set_sync_debug_mode needs CUDA"})
         return
     target = gm.half_copy(gm.peaked_target(gm.target_config(name), scale.device), dtype)
     head = gm.planted_head(target)
     prompt = gm.planted_prompt(target, scale.prompt_len, seed=300)
-    generate(target, drafter(head, target, budget), prompt, SamplingParams(), 8, set())  # warm-up
+    for case, params in SYNC_CASES:
+        generator = torch.Generator(device=target.device).manual_seed(0)  # as the runner makes it: on the GPU
+        generate(target, drafter(head, target, budget), prompt, params, 8, set(), generator)  # warm-up
+        out, implicit, explicit, where = count_syncs(
+            lambda p=params, g=generator: generate(target, drafter(head, target, budget), prompt, p,
+                                                   scale.new_tokens, set(), g))
+        rounds = len(out.rounds)
+        per_round = implicit / max(1, rounds)
+        emit({"stage": "syncs", "case": f"EAGLE-2 round, {case}, {name} shape, {str(dtype)[6:]}, {budget}",
+              "status": "ok" if per_round <= limit else "failed", "criterion": criterion, "rounds": rounds,
+              "implicit_per_round": per_round, "explicit_per_round": explicit / max(1, rounds),
+              "implicit_sites": where[:40], **_drafting([out])})
+
+
+def count_syncs(run):
+    """(run()'s result, implicit syncs, explicit syncs, where the implicit ones were) on CUDA."""
     explicit, real_sync = [0], torch.cuda.synchronize
 
     def counted_sync(device=None):  # explicit syncs, counted apart from the implicit ones
@@ -266,18 +355,12 @@ def syncs(scale: Scale, emit) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode(1)
-            out = generate(target, drafter(head, target, budget), prompt, SamplingParams(), scale.new_tokens, set())
+            out = run()
     finally:
         torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize = real_sync
-    implicit = sum("synchroniz" in str(w.message) for w in caught)
-    rounds = len(out.rounds)
-    per_round = implicit / max(1, rounds)
-    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
-    emit({"stage": "syncs", "case": f"EAGLE-2 round, {name} shape, {str(dtype)[6:]}, {budget}",
-          "status": "ok" if per_round <= limit else "failed", "criterion": criterion, "rounds": rounds,
-          "implicit_per_round": per_round, "explicit_per_round": explicit[0] / max(1, rounds),
-          "implicit_sites": where[:40]})
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return out, len(syncs), explicit[0], sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
 
 
 def run_stage(stage: str, scale: Scale, emit) -> None:
@@ -307,7 +390,7 @@ def row_writer(path: Path | None, rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_stages", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check.stages", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=STAGES)
     ap.add_argument("--device", default="cuda")

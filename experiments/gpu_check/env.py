@@ -6,14 +6,15 @@ In this order:
 1. **No NVIDIA GPU** (no ``nvidia-smi`` on the PATH that lists one, no ``/dev/nvidia0``): says
    "nothing to check" and exits 0 (a CPU machine, CI).
 2. **The bundle** (optional): the pure-Python wheels that ``make gpu-bundle`` downloaded here into
-   ``.gpu_bundle/`` (omegaconf, hydra-core, antlr4: absent from the lent GPU image, which has no registry;
+   ``.gpu_bundle/`` (omegaconf, hydra-core, antlr4: absent from the GPU image, which has no registry;
    run.py needs them, the check does not) are installed offline into ``.gpu_site/`` (``pip install
    --no-index --no-deps --target``); a wheel of torch, transformers, triton or an NVIDIA library is
    refused (exit 4): the machine's own CUDA build of torch must never be replaced.
 3. **Packages**: every module the check imports (``NEEDED``: torch, transformers, safetensors, numpy,
-   pyyaml; all on the lent image) must be importable with ``.gpu_site`` on the path; a missing one exits
+   pyyaml; all on the GPU image) must be importable with ``.gpu_site`` on the path; a missing one exits
    3, naming it. Those only the runs after the check need (``FOR_RUNS``: omegaconf, hydra-core, antlr4
-   for run.py) are named when missing, with ``make gpu-bundle``, and the check goes on.
+   for run.py, sentencepiece for Vicuna's and LLaMA-2's tokenizers) are named when missing, with how to
+   get them, and the check goes on.
 4. **torch sees the GPU**: a GPU is present but torch is a CPU build, or CUDA cannot initialise:
    exit 2 (a CPU torch would silently hide the GPU and time the CPU).
 5. Then it runs ``python -m experiments.gpu_check ARGS`` with that same interpreter (``os.execve``:
@@ -22,7 +23,7 @@ In this order:
 ``EAGLE2_NVIDIA_DEVICE`` names the device node looked for (default ``/dev/nvidia0``), so tests can
 fake a GPU machine (tests/test_gpu_env.py, with a fake ``nvidia-smi`` on the PATH).
 
-    python3 -m experiments.gpu_env [--bundle .gpu_bundle] [--site .gpu_site] [--python P] [--prepare-only] -- ARGS
+    python3 -m experiments.gpu_check.env [--bundle .gpu_bundle] [--site .gpu_site] [--python P] [--prepare-only] -- ARGS
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# import name -> distribution: what experiments.gpu_check and its stages import (all on the lent image)
+ROOT = Path(__file__).resolve().parents[2]
+# import name -> distribution: what experiments.gpu_check and its stages import (all on the GPU image)
 NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "numpy": "numpy",
           "yaml": "pyyaml"}
-# what the runs after the check need (run.py, eagle2.identity) and the lent image lacks: carried as wheels
+# what the runs after the check need (run.py, eagle2.identity) and the GPU image lacks: carried as wheels
 # by `make gpu-bundle`; missing ones are named, not fatal (the check itself needs none of them)
-FOR_RUNS = {"omegaconf": "omegaconf", "hydra": "hydra-core", "antlr4": "antlr4-python3-runtime"}
-BUNDLED = tuple(FOR_RUNS.values())
+FOR_RUNS = {"omegaconf": "omegaconf", "hydra": "hydra-core", "antlr4": "antlr4-python3-runtime",
+            "sentencepiece": "sentencepiece"}  # Vicuna's and LLaMA-2's tokenizer (pyproject's gpu extra)
+BUNDLED = ("omegaconf", "hydra-core", "antlr4-python3-runtime")  # pure Python: make gpu-bundle carries them
 REFUSED_WHEELS = ("torch", "transformers", "triton", "nvidia")  # never reinstalled from a bundle
 
 NO_GPU, NO_CUDA_TORCH, MISSING, BAD_BUNDLE = 0, 2, 3, 4
@@ -143,7 +145,8 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
     for_runs = missing_modules(env, python, FOR_RUNS)
     if for_runs:
         print(f"[gpu-env] note: {', '.join(FOR_RUNS[m] for m in for_runs)} missing: the check runs without them, "
-              f"run.py does not; `make gpu-bundle` where pip works and carry {bundle}/ along", flush=True)
+              f"run.py does not; `make gpu-bundle` where pip works and copy {bundle}/ to this node (sentencepiece, "
+              "compiled: a wheel for this node's Python, or pip install -e '.[gpu]')", flush=True)
     ok, facts = torch_cuda(env, python)
     if not ok:
         print(f"[gpu-env] an NVIDIA GPU is here but torch cannot use it ({facts}): a CPU build of torch, or "
@@ -157,7 +160,7 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(prog="python3 -m experiments.gpu_env", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python3 -m experiments.gpu_check.env", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu_bundle", help="wheels from make gpu-bundle")
     ap.add_argument("--site", type=Path, default=ROOT / ".gpu_site", help="where they are installed")
