@@ -210,3 +210,21 @@ def test_draft_vocabulary_round_trips_and_restricts_the_tree(target, tmp_path):
     for prompt in PROMPTS:  # lossless whatever the vocabulary
         assert (decode(target, {"name": "medusa", "choices": TREE}, prompt, 30, loaded).output_ids
                 == decode(target, {"name": "plain"}, prompt, 30, loaded).output_ids)
+
+
+def test_heads_draft_from_the_last_accepted_tokens_hidden_state(target):
+    """After a round accepts several tokens, the next tree comes from the hidden state of the last of them
+    (the one whose LM-head output is the new root), not of the round's first."""
+    heads = tiny_medusa(target, num_heads=3)
+    hidden = torch.randn(4, target.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
+
+    def proposal(prompt_hidden, observed=None):
+        drafter = MedusaDrafter(heads, "cpu", choices=TREE)
+        drafter.start([2, 5, 3], 4, prompt_hidden)
+        if observed is not None:
+            drafter.observe([4, 6, 9, 1], observed)  # kept nodes: the root and three accepted tokens
+        return drafter.propose(1, room=50).tokens.tolist()
+
+    last, first = proposal(hidden[-1:]), proposal(hidden[:1])
+    assert last != first  # the check below can tell them apart
+    assert proposal(hidden[:2], observed=hidden) == last
