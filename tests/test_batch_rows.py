@@ -79,3 +79,22 @@ def test_never_written_columns_are_zeros_not_garbage(tiny, nan_empty, refill):
     for layer in cache.cache.layers:  # row 0's columns 2..6 were never written: zeros, not the NaN they started as
         assert torch.equal(layer._k[0, :, 2:6], torch.zeros_like(layer._k[0, :, 2:6]))
         assert torch.equal(layer._v[0, :, 2:6], torch.zeros_like(layer._v[0, :, 2:6]))
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_prompt_longer_than_the_context_is_stored_and_logged_at_every_batch_size(tmp_path, smollm2, monkeypatch,
+                                                                                    caplog, batch_size):
+    import logging
+
+    from eagle2.bench import runner
+    from tests.test_runner import config, rows
+
+    monkeypatch.setattr(runner, "load_target", lambda _cfg: smollm2)
+    cfg = config("method=plain", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=4", "model.max_context=24",
+                 f"batch_size={batch_size}", f"paths.results={tmp_path}")
+    with caplog.at_level(logging.ERROR):
+        runner.run(cfg)
+    [row] = rows(tmp_path)
+    assert row["status"] == "failed" and row["turn"] == 0 and "prompt has" in row["error"]
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [f"question {row['question_id']} turn 0 failed: {row['error'].split(': ', 1)[-1]}"], logged

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import choice_paths
 from eagle2.drafters.medusa import MedusaDrafter
+from eagle2.heads.checkpoint import WeightFileError
 from eagle2.heads.medusa_heads import MC_SIM_7B_63, MedusaHeads, load_medusa_heads, save_medusa_heads
 from tests.conftest import tiny_llama
 
@@ -108,8 +108,9 @@ def test_pickled_code_is_refused(target, tmp_path):
 
     folder = write_published(tmp_path / "m", published_state(target))
     torch.save({**published_state(target), "0.1.weight": Payload()}, folder / "medusa_lm_head.pt")
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(WeightFileError, match=f"refused: {folder}/medusa_lm_head.pt is a pickle, which can run code") as err:
         load_medusa_heads(folder, target)
+    assert "(it calls print)" in str(err.value) and "weights_only" not in str(err.value)
 
 
 @pytest.mark.parametrize("own_lm_head", [True, False])
