@@ -140,7 +140,8 @@ def test_pickled_code_is_refused(target, tmp_path):
 
     folder = write_checkpoint(tmp_path / "ckpt", published_weights(), "bin")
     torch.save({**published_weights(), "fc.weight": Payload()}, folder / "pytorch_model.bin")
-    with pytest.raises(WeightFileError, match=f"refused: {folder}/pytorch_model.bin is a pickle, which can run code") as err:
+    refused = f"refused: {folder}/pytorch_model.bin is a pickle, which can run code"
+    with pytest.raises(WeightFileError, match=refused) as err:
         load_head(folder, target)
     assert "(it calls print)" in str(err.value) and "weights_only" not in str(err.value)
 

@@ -108,7 +108,8 @@ def test_pickled_code_is_refused(target, tmp_path):
 
     folder = write_published(tmp_path / "m", published_state(target))
     torch.save({**published_state(target), "0.1.weight": Payload()}, folder / "medusa_lm_head.pt")
-    with pytest.raises(WeightFileError, match=f"refused: {folder}/medusa_lm_head.pt is a pickle, which can run code") as err:
+    refused = f"refused: {folder}/medusa_lm_head.pt is a pickle, which can run code"
+    with pytest.raises(WeightFileError, match=refused) as err:
         load_medusa_heads(folder, target)
     assert "(it calls print)" in str(err.value) and "weights_only" not in str(err.value)
 
