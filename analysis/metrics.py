@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.throughput import batch_throughput
-from eagle2.bench.results import read_rows
+from eagle2.bench.results import is_row, read_rows
 
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
 
@@ -25,6 +25,17 @@ def iter_rows(results: str | Path):
     """Every stored row under ``results`` (recursively), skipping a line cut by a kill."""
     for path in sorted(Path(results).rglob("*.jsonl")):
         yield from read_rows(path)
+
+
+def unreadable_lines(results: str | Path) -> list[str]:
+    """``path:line`` of every non-blank line under ``results`` that is no row (a line torn by a kill or a
+    full disk): the readers skip them, the report names them."""
+    bad = []
+    for path in sorted(Path(results).rglob("*.jsonl")):
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if line.strip() and not is_row(line):
+                bad.append(f"{path}:{number}")
+    return bad
 
 
 def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
@@ -58,6 +69,7 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in rows.groupby(GROUP, dropna=False):
         rec = dict(zip(GROUP, key))
+        rec["dtype"] = g.dtype.iloc[0] if "dtype" in g else None  # in the hash: configs never mix dtypes
         rec.update(_aggregate(g))
         rec["speedup"], rec["baseline_turns"] = _speedup(g, baseline_rows(rows, g))
         out.append(rec)
@@ -103,7 +115,7 @@ def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
     first = g.iloc[0]
     mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
         rows.temperature == first.temperature)
-    for key in ("max_new_tokens", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
+    for key in BASELINE_KEYS:  # batched: plain at the same batch size
         if key in rows and pd.notna(first.get(key)):
             mask &= rows[key] == first[key]
     base = rows[mask]
@@ -112,6 +124,22 @@ def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
         shared = {h: len(turns & set(zip(b.question_id, b.turn))) for h, b in base.groupby("config_hash")}
         base = base[base.config_hash == max(shared, key=shared.get)]
     return base
+
+
+BASELINE_KEYS = ("max_new_tokens", "seed", "dtype", "batch_size")  # besides model, dataset and temperature
+
+
+def missing_baseline(rows: pd.DataFrame, g: pd.DataFrame) -> str:
+    """Why config ``g`` has no speedup: the plain rows it would be compared with, named ('' when it has them)."""
+    first = g.iloc[0]
+    wanted = ", ".join(f"{k} {first[k]}" for k in BASELINE_KEYS if k in g and pd.notna(first.get(k)))
+    what = f"plain rows of {first.model} on {first.dataset} at T={first.temperature:g}, {wanted}"
+    base = baseline_rows(rows, g)
+    if base.empty:
+        return f"no {what}"
+    if _speedup(g, base)[1] == 0:
+        return f"the {what} share no question turn with it"
+    return ""
 
 
 def _speedup(g: pd.DataFrame, base: pd.DataFrame) -> tuple[float, int]:
