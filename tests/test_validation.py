@@ -143,6 +143,7 @@ METHOD_BAD_VALUES = [
     (["method=oracle", "method.depth=0"], "method.depth=0 is invalid"),
     (["method=medusa", "method.choices=[]"], "method.choices=[] is invalid"),
     (["method=eagle", "method.choices=[[0],[0,0,0]]"], "parent path is absent"),
+    (["method=eagle2", "method.draft_lm_head_dtype=bf15"], "method.draft_lm_head_dtype='bf15' is invalid"),
     (["method=plain", "batch_size=0"], "batch_size=0 is invalid: must be an integer >= 1"),
     (["method=plain", "batch_size=-1"], "batch_size=-1 is invalid"),
 ]

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from eagle2.bench.data import QuestionFileError, benchmark_file, check_question_file
 from eagle2.core.kernels import KERNELS
+from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
 
 __all__ = ["ConfigError", "QuestionFileError", "REFUSED", "validate_run_config"]
@@ -67,6 +68,9 @@ def validate_method_config(method: DictConfig) -> None:
     draft_temperature = method.get("draft_temperature")
     if draft_temperature is not None and (not _is_number(draft_temperature) or draft_temperature < 0):
         raise _bad("method.draft_temperature", draft_temperature, "null (the target's) or a number >= 0")
+    lm_head_dtype = method.get("draft_lm_head_dtype")
+    if lm_head_dtype is not None and str(lm_head_dtype) not in DTYPES:
+        raise _bad("method.draft_lm_head_dtype", lm_head_dtype, f"null (the target's) or one of {', '.join(DTYPES)}")
     if "choices" in method:
         choices = method.get("choices")
         try:
