@@ -21,7 +21,8 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except Exception as exc:
         where = record_cell_failure(cfg, exc)
-        message = f"[eagle2] run failed: {type(exc).__name__}: {exc} (recorded in {where})"
+        stored = f"not recorded: {where[len('nowhere: '):]}" if where.startswith("nowhere") else f"recorded in {where}"
+        message = f"[eagle2] run failed: {type(exc).__name__}: {exc} ({stored})"
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             raise SystemExit(message) from exc
         print(message + "; the sweep goes on", flush=True)

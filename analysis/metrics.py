@@ -16,7 +16,19 @@ import numpy as np
 import pandas as pd
 
 from eagle2.results.frames import GROUP, baseline_rows, iter_rows, load_rows  # noqa: F401 (analysis's own names too)
+from eagle2.results.store import is_row
 from eagle2.results.throughput import batch_throughput
+
+
+def unreadable_lines(results: str | Path) -> list[str]:
+    """``path:line`` of every non-blank line under ``results`` that is no row (a line torn by a kill or a
+    full disk): the readers skip them, the report names them."""
+    bad = []
+    for path in sorted(Path(results).rglob("*.jsonl")):
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if line.strip() and not is_row(line):
+                bad.append(f"{path}:{number}")
+    return bad
 
 
 def load_nodes(results: str | Path) -> pd.DataFrame:
@@ -39,6 +51,7 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in rows.groupby(GROUP, dropna=False):
         rec = dict(zip(GROUP, key))
+        rec["dtype"] = g.dtype.iloc[0] if "dtype" in g else None  # in the hash: configs never mix dtypes
         rec.update(_aggregate(g))
         rec["speedup"], rec["baseline_turns"] = _speedup(g, baseline_rows(rows, g))
         out.append(rec)
@@ -75,6 +88,22 @@ def _end_to_end(g: pd.DataFrame) -> float:
         return np.nan
     total = g.prefill_time_s.sum() + g.wall_time_s.sum()
     return float(g.new_tokens.sum() / total) if total else np.nan
+
+
+BASELINE_KEYS = ("max_new_tokens", "seed", "dtype", "batch_size")  # besides model, dataset and temperature
+
+
+def missing_baseline(rows: pd.DataFrame, g: pd.DataFrame) -> str:
+    """Why config ``g`` has no speedup: the plain rows it would be compared with, named ('' when it has them)."""
+    first = g.iloc[0]
+    wanted = ", ".join(f"{k} {first[k]}" for k in BASELINE_KEYS if k in g and pd.notna(first.get(k)))
+    what = f"plain rows of {first.model} on {first.dataset} at T={first.temperature:g}, {wanted}"
+    base = baseline_rows(rows, g)
+    if base.empty:
+        return f"no {what}"
+    if _speedup(g, base)[1] == 0:
+        return f"the {what} share no question turn with it"
+    return ""
 
 
 def _speedup(g: pd.DataFrame, base: pd.DataFrame) -> tuple[float, int]:

@@ -41,6 +41,7 @@ from analysis import batch_scaling, figures
 from analysis.identity import identity_table
 from analysis.metrics import (
     METHOD_COLUMNS,
+    ORACLE,
     acceptance_by_rank,
     calibration,
     expected_calibration_error,
@@ -48,9 +49,11 @@ from analysis.metrics import (
     load_nodes,
     load_rows,
     method_table,
+    missing_baseline,
     oracle_efficiency,
     per_position_acceptance,
     tree_budget_table,
+    unreadable_lines,
     variant_labels,
     with_cost_model,
 )
@@ -112,6 +115,8 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
              "per config (markdown): tokens/s, speedup, the cost model's predicted speedup, tau, round split")
     if not (rows.method == "plain").any():
         rep.notes.append("no plain rows: every speedup reads 'no baseline'")
+    else:
+        rep.notes += _missing_baselines(rows, table)
     if batch_scaling.has_batch_sweep(rows) and (rows.batch_size.fillna(1) == 1).any():
         rows = rows[rows.batch_size.fillna(1) == 1]
         rep.notes.append("Table 1 shows batch-1 rows only (batched rows: batch_scaling.md)")
@@ -130,6 +135,16 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     paths, notes = figures.speedup_bars(cells, rep.out)
     rep.notes += notes
     rep.add(paths, "speedup over plain per benchmark and method (Fig. 1 style)")
+
+
+def _missing_baselines(rows: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """One note per config whose speedup reads 'no baseline', naming the plain rows it lacks."""
+    notes = []
+    for r in table[table.speedup.isna() & ~table.method.isin(["plain", ORACLE])].itertuples():
+        g = rows[rows.config_hash == r.config_hash]
+        notes.append(f"{r.model}/{r.dataset}/{r.method} ({r.dtype}, {r.config_hash}): 'no baseline': "
+                     f"{missing_baseline(rows, g)}")
+    return notes
 
 
 def _batch_scaling(rep: Report, rows: pd.DataFrame) -> None:
@@ -280,6 +295,10 @@ def build_report(results: str | Path, out: str | Path, published: str | Path = P
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
     rows, nodes = load_rows(results), load_nodes(results)
+    unreadable = unreadable_lines(results)
+    if unreadable:
+        rep.notes.append(f"{len(unreadable)} unreadable line(s) (cut by a kill or a full disk; not counted; the "
+                         f"next run of that config redoes those turns): {', '.join(unreadable[:10])}")
     rep.section("failures", _failures, results)
     rep.section("tables and speedup bars", _tables, rows, load_published(published))
     rep.section("calibration", _calibration, nodes)

@@ -3,7 +3,8 @@
 ``python -m analysis.speedup RESULTS [--dataset D] [--model M]`` (what ``make demo`` prints after
 running plain decoding and EAGLE-2 on the same questions). Speedup is computed as in the report
 (``analysis.metrics``): tokens/s over plain decoding's on the same question turns, same model,
-dataset, temperature, dtype, seed and max_new_tokens; "no baseline" when there is none.
+dataset, temperature, dtype, seed and max_new_tokens; "no baseline" when there is none, with the plain
+rows it lacks named.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from analysis.metrics import load_rows, method_table
+from analysis.metrics import load_rows, method_table, missing_baseline
 
 
 def speedup_lines(results: str, dataset: str | None = None, model: str | None = None) -> list[str]:
@@ -23,8 +24,10 @@ def speedup_lines(results: str, dataset: str | None = None, model: str | None = 
             rows = rows[rows[key] == value]
     lines = []
     for r in method_table(rows).itertuples():
-        speed = f"{r.speedup:.2f}x over plain" if r.speedup == r.speedup else "no baseline"
-        lines.append(f"{r.model}/{r.dataset}/{r.method} T={r.temperature:g} ({r.config_hash}): {r.turns} turns, "
+        speed = f"{r.speedup:.2f}x over plain" if r.speedup == r.speedup else \
+            f"no baseline ({missing_baseline(rows, rows[rows.config_hash == r.config_hash])})"
+        lines.append(f"{r.model}/{r.dataset}/{r.method} {r.dtype} T={r.temperature:g} ({r.config_hash}): "
+                     f"{r.turns} turns, "
                      f"{r.tokens_per_s:.2f} tokens/s, {speed} ({r.baseline_turns} shared turns), tau {r.tau:.2f}")
     return lines
 

@@ -26,7 +26,8 @@ TITLES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "a
 PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B", "llama2chat13b": "L2-13B"}
 PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
 METHOD_ORDER = ["sps", "pld", "medusa", "eagle", "eagle2", "eagle3"]
-COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash"]
+COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash",
+           "dtype"]
 
 
 def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
@@ -67,16 +68,20 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
     if table.empty:
         return pd.DataFrame(columns=COLUMNS), notes
     table["label"] = table.config_hash.map(variant_labels(rows))
-    table = table.sort_values("turns", ascending=False)
+    mixed = table.groupby(["model", "temperature"]).dtype.transform("nunique") > 1
+    table.loc[mixed, "label"] = table.label[mixed] + " (" + table.dtype[mixed].astype(str) + ")"  # never merged
+    table = table.sort_values("turns", ascending=False, kind="stable")
     keys = ["model", "temperature", "label", "dataset"]
-    dropped = table[table.duplicated(keys, keep="first")]
-    for _, d in dropped.iterrows():
+    shown = table.drop_duplicates(keys, keep="first").set_index(keys)
+    for _, d in table[table.duplicated(keys, keep="first")].iterrows():
+        kept = shown.loc[(d.model, d.temperature, d.label, d.dataset)]
+        than = "more turns" if kept.turns > d.turns else f"as many turns ({kept.turns}); the first found is shown"
         notes.append(f"{d.model} T={d.temperature} {d.label} on {d.dataset}: config {d.config_hash} "
-                     f"({d.turns} turns) not shown; another config of that label has more turns")
+                     f"({d.turns} turns) not shown; config {kept.config_hash} of that label has {than}")
     table = table.drop_duplicates(keys, keep="first")
     cells = [{"model": r.model, "temperature": float(r.temperature), "label": r.label, "method": r.method,
               "source": "ours", "dataset": r.dataset, "speedup": r.speedup, "tau": r.tau, "turns": int(r.turns),
-              "config_hash": r.config_hash} for r in table.itertuples()]
+              "config_hash": r.config_hash, "dtype": r.dtype} for r in table.itertuples()]
     frame = pd.DataFrame(cells)
     if published is not None and not published.empty:
         frame = pd.concat([frame, _paper_cells(frame, published)], ignore_index=True)
@@ -98,7 +103,7 @@ def _paper_cells(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
             for _, p in paper[paper.dataset != "mean"].iterrows():
                 out.append({"model": model, "temperature": temp, "label": f"{PAPER_METHODS[method]} (paper, {code})",
                             "method": method, "source": "paper", "dataset": p.dataset, "speedup": p.speedup,
-                            "tau": p.tau, "turns": 0, "config_hash": None})
+                            "tau": p.tau, "turns": 0, "config_hash": None, "dtype": None})
     return pd.DataFrame(out, columns=COLUMNS)
 
 
@@ -151,8 +156,9 @@ def to_markdown(frame: pd.DataFrame) -> str:
         return "No method other than plain has rows: nothing to tabulate.\n"
     columns = _datasets_shown(frame)
     parts = ["Cells: speedup over plain decoding on the same question turns / tau (tokens per target forward). "
-             "Mean: over the benchmarks shown. 'no baseline': no plain rows for that model, benchmark and "
-             "temperature.\n"]
+             "Mean: over the benchmarks shown. 'no baseline': no plain rows for that model, benchmark, "
+             "temperature, dtype, seed, token limit and batch size sharing its question turns (summary.md names "
+             "the missing baseline). A method label carries its dtype when the rows hold several.\n"]
     for model, temp, lines in _grid(frame, columns):
         body = [[label] + [("—" if c is None else f"{fmt_speedup(c[0])} / {fmt_tau(c[1])}") for c in cells.values()]
                 for label, cells in lines]

@@ -104,3 +104,16 @@ def tiny():
     target = tiny_llama(vocab=16, layers=2, seed=0, scale=10.0)
     return target, tiny_llama(vocab=16, layers=1, seed=1, scale=10.0), tiny_head(target, seed=2)
 
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """Every ``Tensor.new_empty`` buffer (the KV caches' growth and rows) starts full of NaN instead of
+    whatever memory it got: an entry read before it is written shows up, every time."""
+    original = torch.Tensor.new_empty
+
+    def nan_filled(self, *size, **kw):
+        out = original(self, *size, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)

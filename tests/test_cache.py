@@ -82,3 +82,16 @@ def test_buffer_grows_in_chunks_and_keeps_its_entries():
     assert cache.layers[0].capacity() == 2 * CHUNK and cache_length(cache) == CHUNK + 7
     for layer, ref in zip(cache.layers, stock.layers):
         assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)
+
+
+def test_grown_buffer_keeps_every_entry_over_garbage(nan_empty):
+    """The growth copies every live entry: a new buffer starting as NaN would show any entry left behind."""
+    model = tiny_llama()
+    cache, stock = new_cache(model), new_cache(model, in_place=False)
+    ids = torch.randint(64, (1, CHUNK + 3))
+    for chunk in (ids[:, :CHUNK], ids[:, CHUNK:]):  # the second forward grows a full buffer
+        forward_target(model, chunk, cache), forward_target(model, chunk, stock)
+    assert cache.layers[0].capacity() == 2 * CHUNK
+    for layer, ref in zip(cache.layers, stock.layers):
+        assert not layer.keys.isnan().any() and torch.equal(layer.keys, ref.keys)
+        assert torch.equal(layer.values, ref.values)

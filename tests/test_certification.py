@@ -1,14 +1,15 @@
 """Losslessness at temperature > 0: sampled outputs follow the target's exact distribution.
 
 A tiny target with an 8-token vocabulary lets us enumerate the exact distribution of the first three
-generated tokens (512 outcomes). Each method draws many samples through the real engine and is
-compared with it by a chi-square test (cells with expected count < 5 pooled; threshold fixed in
-advance: pass when p > 1e-3). Negative controls — deliberately broken rules — run through the very
-same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic`` alone with
-far more samples. Sampling cannot see a small bias: ``test_certification_exact.py`` enumerates one
-round exactly (same models and methods); this file stays the end-to-end check over several rounds.
-The per-method check also runs on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py),
-against the exact distribution of the target in that dtype on that device.
+generated tokens (512 outcomes), its temperature, top-k and top-p applied by the independent float64
+reference ``tests/sampling_reference.py`` (not the ``probabilities()`` under test). Each method draws many
+samples through the real engine and is compared with it by a chi-square test (cells with expected count < 5
+pooled; threshold fixed in advance: pass when p > 1e-3). Negative controls — deliberately broken rules — run
+through the very same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic``
+alone with far more samples. Sampling cannot see a small bias: ``test_certification_exact.py`` enumerates
+one round exactly (same models and methods); this file stays the end-to-end check over several rounds. The
+per-method check also runs on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py), against the
+exact distribution of the target in that dtype on that device.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from scipy.stats import chisquare
 import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.accept import accept_stochastic
-from eagle2.core.sampling import SamplingParams, probabilities
+from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
 from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
 from tests.devices import device_params, on
+from tests.sampling_reference import reference_for
 
 pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
 
@@ -69,7 +71,7 @@ def exact_distribution(target, params: SamplingParams) -> torch.Tensor:
     prefixes = [[]]
     for _ in range(N_TOKENS):
         ids = torch.tensor([PROMPT + p for p in prefixes], device=target.device)
-        probs = probabilities(target(ids).logits[:, -1], params).cpu()  # (len(prefixes), V)
+        probs = reference_for(target(ids).logits[:, -1], params).float()  # (len(prefixes), V); not the code under test
         joint = (joint[:, None] * probs).reshape(-1)
         prefixes = [p + [v] for p in prefixes for v in range(VOCAB)]
     return joint

@@ -9,7 +9,9 @@ fixed list of decisions and stops at the first undecided one, so a depth-first s
 prefixes enumerates every outcome with its exact probability — first the drafter's own choices (SpS's
 sampled chain; EAGLE's deterministic trees give one outcome), then, for each drafted tree, every
 acceptance outcome of the production ``accept_stochastic``. Each round's emitted tokens are extended
-to a window of W = max draft depth + 1 tokens with the target's exact conditionals and the result is
+to a window of W = max draft depth + 1 tokens with the target's exact conditionals (temperature, top-k
+and top-p applied by the independent float64 reference ``tests/sampling_reference.py``, not by the
+``probabilities()`` under test) and the result is
 compared with the target's exact joint distribution over W tokens (float64 sums; pass when the max
 abs difference < 1e-5). Since W covers every drafted token and the bonus, a bonus token after a fully
 accepted draft is inside the window (asserted to have positive probability). Deliberately broken
@@ -32,6 +34,7 @@ from eagle2.core.sampling import Draws, SamplingParams, probabilities
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.sps import SpsDrafter
 from tests.conftest import shared_eagle3_head
+from tests.sampling_reference import reference_for
 
 pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
 
@@ -129,7 +132,7 @@ class Completions:
         with torch.no_grad():
             for _ in range(W):
                 ids = torch.tensor([context + list(s) for s in prefixes])
-                self.cond.update(zip(prefixes, probabilities(target(ids).logits[:, -1], params).double()))
+                self.cond.update(zip(prefixes, reference_for(target(ids).logits[:, -1], params)))  # independent
                 prefixes = [s + (v,) for s in prefixes for v in range(VOCAB)]
         self.memo = {}
 

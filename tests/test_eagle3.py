@@ -159,3 +159,23 @@ def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, s
             run(compose("config", overrides=[f"method={method}", *common]))
     rows = {(r["method"], r["turn"]): r["output_ids"] for r in iter_rows(tmp_path / "r")}
     assert rows[("eagle3", 0)] == rows[("plain", 0)]
+
+
+def test_a_reduced_vocabulary_head_drafts_only_its_own_tokens(tiny6):
+    """``d2t`` holds offsets (target id = draft id + d2t[draft id]): every drafted token is one of the
+    head's draft vocabulary, and its draft ids map back to exactly that set."""
+    head = random_eagle3_head(tiny6, draft_vocab_size=16, seed=7)
+    vocab = set(torch.nonzero(head.t2d).flatten().tolist())
+    assert len(vocab) == 16 and set(head.draft_token_ids().tolist()) == vocab
+    assert vocab != set(range(16)) and vocab != set(head.d2t.tolist())  # offsets and ids differ here
+    drafter = build_drafter(EAGLE3, tiny6, GREEDY, None, weights={"eagle3_head": head})
+    drafted, propose = [], drafter.propose
+
+    def recording(root, room):
+        tree = propose(root, room)
+        drafted.extend(tree.tokens[1:].tolist())
+        return tree
+
+    drafter.propose = recording
+    generate(tiny6, drafter, [2, 5, 3, 9], GREEDY, 20, set())
+    assert len(drafted) > 20 and set(drafted) <= vocab, sorted(set(drafted) - vocab)

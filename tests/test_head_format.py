@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
-import pickle
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eagle2.heads.checkpoint import WeightFileError
 from eagle2.heads.eagle_head import causal_mask, load_head, save_head
 
 H, INTER, VOCAB, HEADS = 32, 64, 64, 4
@@ -140,8 +140,10 @@ def test_pickled_code_is_refused(target, tmp_path):
 
     folder = write_checkpoint(tmp_path / "ckpt", published_weights(), "bin")
     torch.save({**published_weights(), "fc.weight": Payload()}, folder / "pytorch_model.bin")
-    with pytest.raises(pickle.UnpicklingError):
+    refused = f"refused: {folder}/pytorch_model.bin is a pickle, which can run code"
+    with pytest.raises(WeightFileError, match=refused) as err:
         load_head(folder, target)
+    assert "(it calls print)" in str(err.value) and "weights_only" not in str(err.value)
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import choice_paths
 from eagle2.drafters.medusa import MedusaDrafter
+from eagle2.heads.checkpoint import WeightFileError
 from eagle2.heads.medusa_heads import MC_SIM_7B_63, MedusaHeads, load_medusa_heads, save_medusa_heads
 from tests.conftest import tiny_llama
 
@@ -108,8 +108,10 @@ def test_pickled_code_is_refused(target, tmp_path):
 
     folder = write_published(tmp_path / "m", published_state(target))
     torch.save({**published_state(target), "0.1.weight": Payload()}, folder / "medusa_lm_head.pt")
-    with pytest.raises(pickle.UnpicklingError):
+    refused = f"refused: {folder}/medusa_lm_head.pt is a pickle, which can run code"
+    with pytest.raises(WeightFileError, match=refused) as err:
         load_medusa_heads(folder, target)
+    assert "(it calls print)" in str(err.value) and "weights_only" not in str(err.value)
 
 
 @pytest.mark.parametrize("own_lm_head", [True, False])
@@ -210,3 +212,21 @@ def test_draft_vocabulary_round_trips_and_restricts_the_tree(target, tmp_path):
     for prompt in PROMPTS:  # lossless whatever the vocabulary
         assert (decode(target, {"name": "medusa", "choices": TREE}, prompt, 30, loaded).output_ids
                 == decode(target, {"name": "plain"}, prompt, 30, loaded).output_ids)
+
+
+def test_heads_draft_from_the_last_accepted_tokens_hidden_state(target):
+    """After a round accepts several tokens, the next tree comes from the hidden state of the last of them
+    (the one whose LM-head output is the new root), not of the round's first."""
+    heads = tiny_medusa(target, num_heads=3)
+    hidden = torch.randn(4, target.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
+
+    def proposal(prompt_hidden, observed=None):
+        drafter = MedusaDrafter(heads, "cpu", choices=TREE)
+        drafter.start([2, 5, 3], 4, prompt_hidden)
+        if observed is not None:
+            drafter.observe([4, 6, 9, 1], observed)  # kept nodes: the root and three accepted tokens
+        return drafter.propose(1, room=50).tokens.tolist()
+
+    last, first = proposal(hidden[-1:]), proposal(hidden[:1])
+    assert last != first  # the check below can tell them apart
+    assert proposal(hidden[:2], observed=hidden) == last

@@ -61,3 +61,35 @@ def test_pld_drafter_proposes_from_prompt_and_output():
     tree = drafter.propose(6, room=3)  # "1, 6" matched: chain [1, 6] would follow; room for 2 nodes
     assert len(tree) == 3 and tree.tokens.tolist()[:2] == [6, 1]
     assert len(drafter.propose(6, room=1)) == 1
+
+
+def brute_force_chains(seq: list[int], s: LookupSettings) -> list[list[int]]:
+    """The docstring's definition with plain loops: n from max_ngram down, matches most recent first, a
+    continuation equal to or a prefix of one already taken skipped, until ``branches`` chains."""
+    chains = []
+    for n in range(s.max_ngram, s.min_ngram - 1, -1):
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start:start + n] != seq[len(seq) - n:]:
+                continue
+            chain = seq[start + n:start + n + s.k]
+            if any(len(chain) <= len(old) and old[:len(chain)] == chain for old in chains):
+                continue
+            chains.append(chain)
+            if len(chains) == s.branches:
+                return chains
+    return chains
+
+
+def test_chains_match_a_brute_force_search_on_random_sequences():
+    import random
+
+    rng = random.Random(0)
+    differ = []
+    for _ in range(4000):
+        seq = [rng.randrange(3) for _ in range(rng.randrange(2, 25))]  # 3 tokens: repeats and prefixes abound
+        s = LookupSettings(k=rng.randrange(1, 5), max_ngram=3, min_ngram=rng.randrange(1, 3),
+                           branches=rng.randrange(1, 5))
+        chains = find_chains(seq, s)
+        if chains != brute_force_chains(seq, s):
+            differ.append((seq, s))
+    assert not differ, f"{len(differ)} of 4000 differ, e.g. {differ[0]}"

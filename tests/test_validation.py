@@ -4,6 +4,7 @@ the file and line, raised by ``run`` before any model loads. No model is loaded 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,5 +122,53 @@ def test_not_utf8_and_missing_file(tmp_path):
     path.write_bytes(b'{"question_id": 1, "turns": ["\xff"]}\n')
     with pytest.raises(QuestionFileError, match="x.jsonl: not UTF-8 text"):
         check_question_file(path)
-    with pytest.raises(FileNotFoundError, match="missing.jsonl does not exist"):
+    with pytest.raises(ConfigError, match="missing.jsonl does not exist"):
         validate_run_config(config(f"dataset.path={tmp_path / 'missing.jsonl'}"))
+
+
+METHOD_BAD_VALUES = [
+    (["method=eagle2", "method.total_tokens=0"], "method.total_tokens=0 is invalid: must be an integer >= 1 or auto"),
+    (["method=eagle2", "method.total_tokens=many"], "method.total_tokens='many' is invalid"),
+    (["method=eagle3", "method.depth=0"], "method.depth=0 is invalid: must be an integer >= 1"),
+    (["method=eagle2", "method.top_k=-1"], "method.top_k=-1 is invalid"),
+    (["method=eagle2", "method.total_tokens=auto", "method.max_total_tokens=0"], "method.max_total_tokens=0"),
+    (["method=eagle2", "method.lookup_branch=true", "method.lookup_k=0"], "method.lookup_k=0 is invalid"),
+    (["method=eagle", "method.draft_vocab_size=0"], "method.draft_vocab_size=0 is invalid"),
+    (["method=pld", "method.k=0"], "method.k=0 is invalid: must be an integer >= 1"),
+    (["method=pld", "method.branches=0"], "method.branches=0 is invalid"),
+    (["method=pld", "method.min_ngram=3", "method.max_ngram=2"], "method.min_ngram=3 is invalid: must be <= "
+                                                                  "method.max_ngram (2)"),
+    (["method=sps", "method.k=0"], "method.k=0 is invalid"),
+    (["method=sps", "method.draft_temperature=-1"], "method.draft_temperature=-1 is invalid"),
+    (["method=oracle", "method.depth=0"], "method.depth=0 is invalid"),
+    (["method=medusa", "method.choices=[]"], "method.choices=[] is invalid"),
+    (["method=eagle", "method.choices=[[0],[0,0,0]]"], "parent path is absent"),
+    (["method=eagle2", "method.draft_lm_head_dtype=bf15"], "method.draft_lm_head_dtype='bf15' is invalid"),
+    (["method=plain", "batch_size=0"], "batch_size=0 is invalid: must be an integer >= 1"),
+    (["method=plain", "batch_size=-1"], "batch_size=-1 is invalid"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", METHOD_BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else None)
+def test_bad_method_value_is_refused_before_any_model_loads(overrides, message, tmp_path, no_model):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["logger=none", f"paths.results={tmp_path}", *overrides])
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        runner.run(cfg)
+    assert "\n" not in str(err.value)
+    assert runner.record_cell_failure(cfg, err.value).startswith("nowhere: the config was refused")
+    assert not any(tmp_path.iterdir())  # nothing stored, so nothing filed with another config's rows
+
+
+@pytest.mark.parametrize("method", ["plain", "eagle", "eagle2", "eagle3", "medusa", "sps", "pld", "oracle"])
+def test_every_shipped_method_passes(method):
+    validate_run_config(config(f"method={method}"))
+
+
+def test_a_missing_dataset_file_is_refused_and_filed_nowhere(tmp_path, no_model):
+    cfg = config(f"dataset.path={tmp_path / 'missing.jsonl'}", f"paths.results={tmp_path}")
+    with pytest.raises(ConfigError, match="missing.jsonl does not exist") as err:
+        runner.run(cfg)
+    assert runner.record_cell_failure(cfg, err.value).startswith("nowhere")
+    assert not (tmp_path / "mt_bench").exists()

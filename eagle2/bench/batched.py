@@ -40,7 +40,8 @@ def decode_batched(cfg, *, chash: str, store, questions: list[dict], target, tok
         try:
             prompt = fit_prompt(encode_conversation(tokenizer, cfg.model.template, q["turns"][: turn + 1], answers,
                                                     cfg.model.system_prompt), cfg, context)
-        except ValueError as exc:
+        except ValueError as exc:  # a prompt longer than the context: stored and logged as at batch 1
+            log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
             store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
             return
         gen = row_generator(cfg.seed, q["question_id"], turn, target.device)

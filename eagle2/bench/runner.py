@@ -128,11 +128,17 @@ def _free_after_oom(device) -> None:
 def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
     """Store a run that failed as a whole as one failed row with no question or turn; return where.
 
-    Finished rows are untouched and the next run of the config tries again. When even the store
-    cannot be written (say, a broken config), nothing is stored and the reason is returned instead.
+    Finished rows are untouched and the next run of the config tries again. A config refused by the
+    checks before loading (``validation.REFUSED``) stores nothing: a value the hash leaves out would file
+    it with another config's rows. When even the store cannot be written, nothing is stored and the
+    reason is returned instead.
     """
     import traceback
 
+    from eagle2.bench.validation import REFUSED
+
+    if isinstance(exc, REFUSED):  # nothing ran; its rows file may be another config's (a value the hash ignores)
+        return "nowhere: the config was refused before anything ran"
     if isinstance(exc, (StoreBusyError, StoreWriteError)):  # the store itself is what failed: leave it be
         return "nowhere: " + ("another run owns that rows file" if isinstance(exc, StoreBusyError)
                               else "the rows file cannot be written")

@@ -1,19 +1,27 @@
 """Checks of a run's config where it is read, before any model loads: each bad value is one
 ``ConfigError`` line naming the key, the value and its valid range, and a bad question file is one
-``QuestionFileError`` line naming the file and line (``eagle2.prompts.questions.check_question_file``)."""
+``QuestionFileError`` line naming the file and line (``eagle2.prompts.questions.check_question_file``).
+
+The method's own keys are checked by meaning (``METHOD_MINIMUMS``: a key means the same in every method
+that has it), so a method YAML with a new key of one of these names is checked with no change here."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
 from eagle2.core.kernels import KERNELS
+from eagle2.core.precision import DTYPES
+from eagle2.core.tree import choice_paths
 from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
 
-__all__ = ["ConfigError", "QuestionFileError", "validate_run_config"]
+__all__ = ["ConfigError", "QuestionFileError", "REFUSED", "validate_run_config"]
 
 
 class ConfigError(ValueError):
     """A config value out of its valid range."""
+
+
+REFUSED = (ConfigError, QuestionFileError)  # a config refused before it ran: no row is stored for it
 
 
 def _is_int(value) -> bool:
@@ -36,6 +44,41 @@ def _int(key: str, value, minimum: int, *, nullable: bool = False, null_means: s
         raise _bad(key, value, f"null ({null_means}) or {valid}" if nullable else valid)
 
 
+# method keys -> (minimum, what null means or None when null is invalid)
+METHOD_MINIMUMS = {
+    "depth": (1, None), "top_k": (1, None), "k": (1, None), "branches": (1, None),
+    "max_ngram": (1, "3"), "min_ngram": (1, "1"), "max_total_tokens": (1, "64"),
+    "lookup_k": (1, "the tree's depth"), "lookup_max_ngram": (1, "3"), "lookup_min_ngram": (1, "1"),
+    "draft_vocab_size": (1, "the full vocabulary"),
+}
+
+
+def validate_method_config(method: DictConfig) -> None:
+    """Raise one ConfigError for the first bad value among the method's own keys."""
+    for key, (minimum, null_means) in METHOD_MINIMUMS.items():
+        if key in method:
+            _int(f"method.{key}", method.get(key), minimum, nullable=null_means is not None, null_means=null_means)
+    total = method.get("total_tokens")
+    if "total_tokens" in method and total != "auto" and (not _is_int(total) or total < 1):
+        raise _bad("method.total_tokens", total, "an integer >= 1 or auto")
+    for prefix in ("", "lookup_"):
+        low, high = method.get(prefix + "min_ngram"), method.get(prefix + "max_ngram")
+        if _is_int(low) and _is_int(high) and low > high:
+            raise _bad(f"method.{prefix}min_ngram", low, f"<= method.{prefix}max_ngram ({high})")
+    draft_temperature = method.get("draft_temperature")
+    if draft_temperature is not None and (not _is_number(draft_temperature) or draft_temperature < 0):
+        raise _bad("method.draft_temperature", draft_temperature, "null (the target's) or a number >= 0")
+    lm_head_dtype = method.get("draft_lm_head_dtype")
+    if lm_head_dtype is not None and str(lm_head_dtype) not in DTYPES:
+        raise _bad("method.draft_lm_head_dtype", lm_head_dtype, f"null (the target's) or one of {', '.join(DTYPES)}")
+    if "choices" in method:
+        choices = method.get("choices")
+        try:
+            choice_paths(list(choices))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"method.choices={choices!r} is invalid: {exc}") from None
+
+
 def validate_run_config(cfg: DictConfig) -> None:
     """Raise one clear error for the first bad value of a run config (see the module docstring)."""
     _int("max_new_tokens", cfg.get("max_new_tokens"), 1)
@@ -55,6 +98,8 @@ def validate_run_config(cfg: DictConfig) -> None:
     if not _is_int(top_k) or top_k < 0:
         raise _bad("top_k", top_k, "an integer >= 0 (0 = off)")
 
+    validate_method_config(cfg.method)
+
     kernels = cfg.model.get("kernels", "auto")
     if kernels not in KERNELS:
         raise _bad("model.kernels", kernels, " or ".join(KERNELS))
@@ -63,5 +108,7 @@ def validate_run_config(cfg: DictConfig) -> None:
     _int("dataset.limit", ds.get("limit"), 0, nullable=True, null_means="all questions")
     if ds.get("hub"):
         return  # hub questions are checked where they load
-    path = ds.get("path") or benchmark_file(ds.name)
-    check_question_file(path)
+    try:
+        check_question_file(ds.get("path") or benchmark_file(ds.name))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{exc} (dataset.path / dataset={ds.name})") from None

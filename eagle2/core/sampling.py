@@ -1,8 +1,9 @@
 """Turning logits into the distributions that decoding and acceptance use, and the random draws.
 
-Temperature, top-k and top-p are applied in one place, identically to the target's logits
-(``p_target``) and to a drafter's logits (``q_draft``). Temperature 0 means greedy: no distribution,
-just the argmax. Nothing here knows about trees or caches.
+Temperature, top-k and top-p are applied in one place, identically to the target's logits (``p_target``)
+and to a drafter's logits (``q_draft``): top-k keeps every token tied with the k-th; top-p keeps the
+most likely tokens until their mass reaches top_p, and every token tied with the last of them.
+Temperature 0 means greedy: no distribution, just the argmax. Nothing here knows about trees or caches.
 
 Every random draw of decoding goes through a ``Draws`` object: ``accept(numerator, denominator)`` (a
 Bernoulli coin) and ``categorical(probs)`` (one token). Production uses ``TorchDraws``, a thin wrapper
@@ -48,10 +49,11 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        sorted_p = torch.sort(probs, dim=-1, descending=True).values
+        before = sorted_p.cumsum(-1) - sorted_p  # mass above each token in sorted order
+        # the least likely token needed to reach top_p; every token as likely stays too (ties go together)
+        cutoff = sorted_p.masked_fill(before >= params.top_p, float("inf")).amin(-1, keepdim=True)
+        probs = probs.masked_fill(probs < cutoff, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

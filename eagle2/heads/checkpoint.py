@@ -1,5 +1,6 @@
-"""Reading weight files safely and checking them strictly: shared by the EAGLE-head and SpS-draft
-loaders. Never runs pickled code (safetensors, or ``torch.load(weights_only=True)``).
+"""Reading weight files safely and checking them strictly: shared by every drafter-weight loader.
+Never runs pickled code (safetensors, or ``torch.load(weights_only=True)``); a file that cannot be read
+so is one ``WeightFileError`` line naming it and saying what to do, never a hint to lift the safety.
 
 Published checkpoints come in a few harmless variants that are accepted as they are: fp16 (or any
 float dtype; the loaders cast), ``pytorch_model.bin`` instead of ``model.safetensors``, and rotary
@@ -10,6 +11,7 @@ they are dropped with a note). Anything else missing, extra or mis-shaped is ref
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -25,15 +27,50 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ROTARY_BUFFER = "rotary_emb.inv_freq"  # saved by transformers < 4.3x; computed from the config today
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict in ``folder``: ``model.safetensors`` if present, else ``pytorch_model.bin``."""
-    st, pt = folder / WEIGHT_FILES[0], folder / WEIGHT_FILES[1]
-    if st.is_file():
+class WeightFileError(ValueError):
+    """A weight file that cannot be read safely: damaged, not a weight file, or a pickle that would run code."""
+
+
+CONVERT_HINT = ("convert it to safetensors where its source is trusted (safetensors.torch.save_file of its "
+                "state dict) or get a .safetensors copy from its publisher")
+
+
+def load_weight_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of one ``.safetensors`` file or pickled ``.bin``/``.pt`` state dict, read without running
+    code; any failure is one ``WeightFileError`` line naming the file and what to do."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise WeightFileError(f"cannot read {path}: not a whole safetensors file ({_first_line(exc)}); it is "
+                                  "damaged or was cut short: download or save it again") from None
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" (it calls {found.group(1)})" if found else ""
+        raise WeightFileError(f"refused: {path} is a pickle, which can run code{what}; {CONVERT_HINT}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise WeightFileError(f"cannot read {path}: not a whole PyTorch weight file ({_first_line(exc)}); it "
+                              "is damaged or was cut short: download or save it again") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict in ``folder``: ``model.safetensors`` if present, else ``pytorch_model.bin``."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return load_weight_file(folder / name)
     raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
 
 

@@ -37,6 +37,7 @@ from eagle2.heads.checkpoint import (
     check_state,
     checkpoint_folder,
     drop_rotary_buffers,
+    load_weight_file,
     read_weights,
     shared_or_own_embedding,
 )
@@ -135,9 +136,7 @@ def load_head(location: str | Path, target) -> EagleHead:
     head.rotary_emb = LlamaRotaryEmbedding(config)  # computed from the config, never stored
     head.attach_embedding(shared_or_own_embedding(what, embed, target))
     if (folder / DRAFT_VOCAB_FILE).is_file():
-        from safetensors.torch import load_file
-
-        head.draft_vocab = load_file(str(folder / DRAFT_VOCAB_FILE))["token_ids"].long()
+        head.draft_vocab = load_weight_file(folder / DRAFT_VOCAB_FILE)["token_ids"].long()
     return cast_like_target(head, target).eval()
 
 

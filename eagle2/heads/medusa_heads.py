@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.heads.checkpoint import check_state, checkpoint_folder
+from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,8 @@ class MedusaHeads(nn.ModuleList):
 def read_medusa_state(folder: Path) -> dict[str, torch.Tensor]:
     """The heads' state dict: safetensors if present, else the pickle with ``weights_only=True``."""
     for name in WEIGHT_FILES:
-        path = folder / name
-        if path.is_file() and name.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        if path.is_file():
-            return torch.load(path, map_location="cpu", weights_only=True)
+        if (folder / name).is_file():
+            return load_weight_file(folder / name)
     raise FileNotFoundError(f"{folder} holds none of {', '.join(WEIGHT_FILES)}")
 
 
@@ -162,9 +157,7 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
     if not heads.own_lm_head:
         heads.attach_lm_head(target.get_output_embeddings())
     if (folder / DRAFT_VOCAB_FILE).is_file():
-        from safetensors.torch import load_file
-
-        heads.draft_vocab = load_file(str(folder / DRAFT_VOCAB_FILE))["token_ids"].long()
+        heads.draft_vocab = load_weight_file(folder / DRAFT_VOCAB_FILE)["token_ids"].long()
     return heads.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
