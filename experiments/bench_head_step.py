@@ -56,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from eagle2.bench.models import load_target
-    from eagle2.training.corpus import tokens_by_frequency
+    from eagle2.training.data import tokens_by_frequency
 
     target, _ = load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}),
                             kernels="stock")

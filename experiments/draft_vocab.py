@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle2.heads.eagle_head import DRAFT_VOCAB_FILE
-from eagle2.training.corpus import answer_token_counts, tokens_by_frequency
+from eagle2.training.data import answer_token_counts, tokens_by_frequency
 
 SIZES = (4096, 8192, 12288, 16384)
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from eagle2.training.corpus import read_shards
+from eagle2.training.corpus import iter_shards, read_shards
 
 
 class Sequence(NamedTuple):
@@ -269,3 +269,43 @@ def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
     if all(s.layer_features is not None for s in seqs):
         batch["layer_features"] = _padded([s.layer_features for s in seqs], width).to(device)
     return batch
+
+
+def tokens_by_frequency(folder: str | Path, limit: int = 32768) -> torch.Tensor:
+    """Token ids that occur in the corpus answers, most frequent first (at most ``limit``): the
+    reduced draft vocabulary shipped with a head."""
+    counts = answer_token_counts(folder)
+    order = torch.argsort(counts, descending=True, stable=True)
+    return order[: min(limit, int((counts > 0).sum()))]
+
+
+def answer_token_counts(folder: str | Path) -> torch.Tensor:
+    """How often each token id occurs in the corpus answers (``answer_mask`` honoured), indexed by id up
+    to the largest one seen; a token corpus (``tokens_*.npz`` only) counts its answer spans."""
+    if is_token_corpus(folder):
+        from eagle2.training.token_shards import read_token_shard, token_shard_paths
+
+        answers = [torch.tensor(ids[a:b]) for p in token_shard_paths(folder) for ids, spans in read_token_shard(p)[0]
+                   for a, b in spans]
+        return torch.bincount(torch.cat(answers).long(), minlength=1)
+    counts = None
+    for shard in iter_shards(folder):  # one shard in memory at a time
+        tokens, offsets, starts = shard["tokens"].long(), shard["offsets"], shard["response_start"]
+        mask = shard.get("answer_mask")
+        for row in range(len(starts)):
+            answer = tokens[offsets[row] + starts[row]: offsets[row + 1]]
+            if mask is not None:
+                answer = answer[mask[offsets[row] + starts[row]: offsets[row + 1]].bool()]
+            c = torch.bincount(answer, minlength=1)
+            counts = c if counts is None else add_padded(counts, c)
+    if counts is None:
+        raise FileNotFoundError(f"no corpus shards in {folder}")
+    return counts
+
+
+def add_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if len(a) < len(b):
+        a, b = b, a
+    a = a.clone()
+    a[: len(b)] += b
+    return a

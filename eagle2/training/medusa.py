@@ -125,7 +125,7 @@ def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwa
                                                   cfg.get("resident_shards"))
     heads = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head)
     if cfg.draft_vocab_size:
-        from eagle2.training.corpus import tokens_by_frequency
+        from eagle2.training.data import tokens_by_frequency
 
         heads.draft_vocab = tokens_by_frequency(corpus_dir)[: int(cfg.draft_vocab_size)]
     proj = vocab_projection(target.get_output_embeddings(), heads.draft_vocab, resolve_dtype(cfg.loss_dtype))

@@ -147,7 +147,7 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
                                **validation(target, tokenizer, cfg, root, "head"))
     if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
-    from eagle2.training.corpus import tokens_by_frequency
+    from eagle2.training.data import tokens_by_frequency
 
     if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
         head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)

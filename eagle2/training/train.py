@@ -55,7 +55,7 @@ def _cls_vocab(corpus_dir, cfg) -> torch.Tensor | None:
     size = cfg.get("cls_vocab_size")
     if not size:
         return None
-    from eagle2.training.corpus import tokens_by_frequency
+    from eagle2.training.data import tokens_by_frequency
 
     return tokens_by_frequency(corpus_dir, limit=int(size))
 
@@ -103,7 +103,7 @@ def head_setup(target, cfg, cls_vocab: torch.Tensor | None = None) -> tuple[Eagl
 def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> torch.Tensor:
     """``size`` target token ids for an EAGLE-3 draft vocabulary: the most frequent in the corpus
     answers, then (if the answers use fewer) the lowest unused ids, so the size is always ``size``."""
-    from eagle2.training.corpus import tokens_by_frequency
+    from eagle2.training.data import tokens_by_frequency
 
     size = min(int(size), vocab_size)
     seen = tokens_by_frequency(corpus_dir, limit=size)
