@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from functools import partial
 
 import torch
 from omegaconf import OmegaConf
 
 from eagle2.core.cpu import cpu_kind
+from eagle2.core.engine import device_clock
 from eagle2.training.data import collate, make_batches, split_shards, token_sequences
 from eagle2.training.loop import autocast_dtype
 from eagle2.training.losses import LossProjection, evaluate_loss, head_loss
@@ -64,9 +64,9 @@ def main() -> None:
     amp = autocast_dtype("auto", torch.device("cpu"))
     featurize = OnlineFeatures(target, (), amp)
     raw, val = _batches(args.corpus, args.token_budget, args.steps * 2 + args.quality_steps)
-    t0 = time.perf_counter()
+    t0 = device_clock("cpu")
     batches = [featurize(collate(b, "cpu")) for b in raw[: args.steps]]
-    feat_s = (time.perf_counter() - t0) / len(batches)
+    feat_s = (device_clock("cpu") - t0) / len(batches)
     tokens = sum(int(b["valid"].sum()) for b in batches)
     vocab = tokens_by_frequency(args.corpus, limit=args.cls_vocab_size)
     lm_head, ldt = target.get_output_embeddings(), _dtype("auto")
@@ -81,10 +81,10 @@ def main() -> None:
     rates = {name: [] for name in heads}
     for rep in range(args.reps):
         for name in (list(heads) if rep % 2 == 0 else list(heads)[::-1]):
-            t0 = time.perf_counter()
+            t0 = device_clock("cpu")
             for b in batches:
                 _step(*heads[name], b, amp)
-            rates[name].append(tokens / (time.perf_counter() - t0))
+            rates[name].append(tokens / (device_clock("cpu") - t0))
     names = list(heads)
     ratios = [b / a for a, b in zip(rates[names[0]], rates[names[1]])]
     print(f"CPU {cpu_kind()}, {torch.get_num_threads()} thread(s), autocast {amp}, loss dtype {ldt}; "

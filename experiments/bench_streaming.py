@@ -24,10 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+
+from eagle2.core.engine import device_clock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -74,21 +75,21 @@ def child(args) -> None:
                          "resident_shards": args.resident if args.mode == "streamed" else None})
     out = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     steps: list[float] = []
-    last = [time.perf_counter()]
+    last = [device_clock("cpu")]
 
     def clock(step, stats):
-        now = time.perf_counter()
+        now = device_clock("cpu")
         steps.append(now - last[0])
         last[0] = now
 
-    t0 = time.perf_counter()
+    t0 = device_clock("cpu")
     train_head(target, args.corpus, head_cfg, out, on_step=clock)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     tokens = [r["tokens_per_step"] for r in train]
     rates = [n / dt for n, dt in zip(tokens[1:], steps[1:])]
     print(json.dumps({"mode": args.mode, "rss_after_load_mb": after_load, "peak_rss_mb": rss_mb(),
-                      "tok_s": statistics.median(rates), "wall_s": time.perf_counter() - t0,
+                      "tok_s": statistics.median(rates), "wall_s": device_clock("cpu") - t0,
                       "cpu_kind": train[-1]["cpu_kind"], "autocast": train[-1]["autocast"]}))
 
 

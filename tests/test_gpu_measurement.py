@@ -144,8 +144,8 @@ def test_sampling_coins_are_drawn_on_the_generators_device(monkeypatch):
     from eagle2.core.sampling import TorchDraws
 
     seen = []
-    monkeypatch.setattr(torch, "rand", lambda *shape, generator=None, device=None: seen.append(device) or
-                        torch.zeros(()))
+    monkeypatch.setattr(torch, "rand", lambda *shape, generator=None, device=None, **_: seen.append(device) or
+                        torch.zeros(*shape))
     TorchDraws(SimpleNamespace(device=torch.device("cuda", 0))).accept(0.5)
     TorchDraws(None).accept(0.5)
-    assert seen == [torch.device("cuda", 0), None]
+    assert seen == [torch.device("cuda", 0), torch.device("cpu")]

@@ -227,7 +227,8 @@ def serving_config(head: Eagle3Head, dtype: torch.dtype | None = None) -> dict:
     stored = dtype or head.lm_head.weight.dtype
     cfg["torch_dtype"] = str(stored).replace("torch.", "")
     target_layers = getattr(head.config, "target_num_hidden_layers", None)
-    if target_layers is None or tuple(head.feature_layers) != eagle3_layers(int(target_layers)):
+    default = eagle3_layers(int(target_layers)) if target_layers is not None and int(target_layers) >= 4 else None
+    if default is None or tuple(head.feature_layers) != default:  # (a target under 4 layers has no default)
         cfg["eagle_aux_hidden_state_layer_ids"] = list(head.feature_layers)
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in head.feature_layers]
     cfg.pop("target_num_hidden_layers", None)

@@ -1,6 +1,5 @@
 # ruff: noqa: E501 (the stage table in the docstring)
-"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_check.models``): each
-stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
+"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_check.models``): each stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
 
 | stage | what | ok means |
 |---|---|---|
@@ -11,13 +10,9 @@ stage a few rows, each row with its pass criterion (``criterion``) and ``status`
 | ``draft_cost`` | one EAGLE-2 drafting round at depths 1..D: EAGLE-1/2 head (Vicuna-7B), EAGLE-3 head (LLaMA-3.1-8B) | CUDA: each depth past the 2nd adds at most twice the 2nd's cost (+10% of T(1)) |
 | ``syncs`` | host-device syncs per EAGLE-2 round at T=0 and at T=1 (stochastic acceptance, a CUDA generator): implicit (``torch.cuda.set_sync_debug_mode``), explicit (``torch.cuda.synchronize``) | implicit <= 4 D + 8 per round (provisional until measured) |
 
-On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model
-config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small
-budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
+On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
 
-``python -m experiments.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON
-list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time
-limit, and keeps what a killed stage wrote.
+``python -m experiments.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time limit, and keeps what a killed stage wrote.
 """
 
 from __future__ import annotations
@@ -284,8 +279,7 @@ def verify_row(target, name: str, dtype: torch.dtype, context: int, scale: Scale
         row.update(T1_gpu_ms=gpu[0] * 1e3, ratio_gpu=ratio, peak_memory_mb=torch.cuda.max_memory_allocated() / 2**20,
                    criterion=f"GPU-time T({scale.max_q})/T(1) <= {VERIFY_RATIO_MAX}, GPU time <= 1.1 x wall")
     else:
-        ok = finite
-        row["criterion"] = "positive finite times (the GPU-time criterion needs CUDA)"
+        ok, row["criterion"] = finite, "positive finite times (the GPU-time criterion needs CUDA)"
     return {**row, "status": "ok" if ok else "failed"}
 
 
