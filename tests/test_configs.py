@@ -68,9 +68,12 @@ def test_every_experiment_composes_with_its_sweep(experiment):
 
 
 def test_four_methods_sweeps_the_four_methods_on_two_benchmarks():
+    from eagle2.bench.resolvers import register
+
+    register()  # (the scale's interpolations; other tests register them too, but not when this one runs alone)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=four_methods"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
     assert params.method.split(",") == ["plain", "sps", "eagle", "eagle2"]
     assert params.dataset.split(",") == ["mt_bench", "gsm8k"]
-    assert (cfg.dataset.limit, cfg.max_new_tokens, cfg.temperature, cfg.logger.name) == (10, 128, 0.0, "none")
+    assert (cfg.dataset.limit, cfg.max_new_tokens, cfg.temperature, cfg.logger.name) == (3, 64, 0.0, "none")  # _scale
