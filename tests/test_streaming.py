@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle2.training.corpus import build_corpus
 from eagle2.training.data import (
     ShardedSequences,
     load_sequences,
@@ -19,7 +18,7 @@ from eagle2.training.data import (
     train_val_sequences,
 )
 from eagle2.training.train import train_head
-from tests.test_training import PROMPTS, ByteTokenizer, assert_resume_matches_uninterrupted, head_cfg, tiny_target
+from tests.test_training import assert_resume_matches_uninterrupted, head_cfg, tiny_corpus, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def corpus(target, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("stream_corpus")
-    build_corpus(target, ByteTokenizer(), PROMPTS, out, template="vicuna", system_prompt="S", batch_size=2,
-                 max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0)
-    return out
+    return tiny_corpus(target, tmp_path_factory.mktemp("stream_corpus"), batch_size=2)  # 8 shards
 
 
 def test_streamed_sequences_equal_the_loaded_ones(corpus):

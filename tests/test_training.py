@@ -53,12 +53,16 @@ def target():
     return tiny_target()
 
 
-@pytest.fixture(scope="module")
-def corpus(target, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("corpus")
-    build_corpus(target, ByteTokenizer(), PROMPTS, out, template="vicuna", system_prompt="S", batch_size=4,
+def tiny_corpus(target, out: Path, batch_size: int = 4) -> Path:
+    """The self-distillation corpus of ``PROMPTS`` (16 answer tokens each), one shard per ``batch_size`` prompts."""
+    build_corpus(target, ByteTokenizer(), PROMPTS, out, template="vicuna", system_prompt="S", batch_size=batch_size,
                  max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0)
     return out
+
+
+@pytest.fixture(scope="module")
+def corpus(target, tmp_path_factory) -> Path:
+    return tiny_corpus(target, tmp_path_factory.mktemp("corpus"))
 
 
 def head_cfg(**over):

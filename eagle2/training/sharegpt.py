@@ -20,7 +20,7 @@ earlier kept first turns), ``retokenized`` (the template's prompt is not a prefi
 ``prompt_too_long`` (the first answer starts past ``max_tokens``).
 Shards (``token_shards.py``) hold ``per_shard`` conversations in file order, so the held-out split of
 ``data.split_shards`` (every k-th shard) is a fixed set of conversations. Answers are the dataset's own
-(EAGLE-1/2 recipe); ``own_answers.py`` replaces them with the target's (EAGLE-3 recipe).
+(the EAGLE-1/2 recipe); regenerating them with the target (the EAGLE-3 recipe) is not built here.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from eagle2.prompts.chat import chat_messages, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
 from eagle2.training.conversations import Dedup
-from eagle2.training.token_shards import read_token_shard, token_shard_paths, write_token_shard
+from eagle2.training.token_shards import token_shard_paths, write_token_shard
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "chatgpt", "bing", "bard", "assistant", "model"}
@@ -215,13 +215,3 @@ def kept_records(source: Path, counts: Counter, dedup: Dedup) -> Iterator[tuple[
             continue
         dedup.add(users[0])
         yield record, users, answers
-
-
-def shard_summary(folder: str | Path) -> dict:
-    """The ``sharegpt.json`` totals of a folder written by ``build_sharegpt_shards`` (or recounted)."""
-    path = Path(folder) / "sharegpt.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    convs = [c for p in token_shard_paths(folder) for c in read_token_shard(p)[0]]
-    return {"kept": len(convs), "tokens": sum(len(i) for i, _ in convs),
-            "answer_tokens": sum(b - a for _, s in convs for a, b in s)}
