@@ -3,6 +3,8 @@ tabulate.
 
     python -m experiments.head_ablation run base unroll3 --steps 300      # train + evaluate (resumable)
     python -m experiments.head_ablation table                              # markdown table of all finished
+    python -m experiments.head_ablation run answers_own_eagle3 --steps 60  # answer mode (train=sharegpt settings)
+    python -m experiments.head_ablation table --answers                    # ... its table
 
 Every variant is ``python train_head.py`` with its own overrides (printed and stored in
 ``<root>/<variant>/command.txt``), its own run and export folders under ``--root``, and the same
@@ -32,6 +34,22 @@ CONVERSATIONS = "artifacts/work/smollm2/conversations_corpus"  # train_head.py s
 ALPACA = ["train.corpus.prompts=[data/train/alpaca_5000.json.gz]", "train.corpus.tap_layers=null"]  # the first corpus
 OLD = [*ALPACA, "train.corpus.out_dir=artifacts/work/smollm2/corpus_alpaca"]  # where its variants now find it
 
+SHAREGPT_TOKENS = "artifacts/work/sharegpt/tokens"  # train_head.py train=sharegpt stage=sharegpt
+ANSWER_CORPORA = {  # corpus -> (token shards, what answers it holds)
+    "conversations": ("artifacts/corpus/smollm2_conversations",
+                      "today's corpus: two-turn self-instruct, the target's answers"),
+    "dataset": (SHAREGPT_TOKENS, "ShareGPT, the dataset's own answers (EAGLE-1/2 recipe)"),
+    "own": ("artifacts/work/sharegpt/own_answers",
+            "ShareGPT first turns, the target's greedy answers (EAGLE-3 recipe)"),
+}
+SHAREGPT_SETTINGS = {kind: ["train=sharegpt", f"train.{kind}.resume_dir=null",
+                            f"train.{kind}.val_set={SHAREGPT_TOKENS}",
+                            f"train.{kind}.val_every=60", f"train.{kind}.lr=5e-4", f"train.{kind}.warmup=3",
+                            f"train.{kind}.epochs=3"]  # (the smallest corpus, 153k tokens, is ~40 batches)
+                     for kind in ("head", "eagle3")}
+SHAREGPT_SETTINGS["head"].append("train.head.init_from=artifacts/work/round5/eagle_head")  # (git show 0151908)
+SHAREGPT_SETTINGS["eagle3"].append("train.eagle3.init_from=artifacts/smollm2/eagle3_head")  # round 5, still shipped
+
 VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # name -> (lever, overrides[, kind])
     # on the first corpus (Alpaca prompts only; --batches 40 of it)
     "base": ("random init, 1 step, target's greedy answers", [*OLD]),
@@ -60,6 +78,11 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
                     [f"train.corpus.out_dir={CONVERSATIONS}"], "eagle3"),
     "mix_eagle3_more": ("the shipped EAGLE-3 head continued on the grown mixed corpus (lr 5e-4)",
                         ["train.eagle3.init_from=artifacts/smollm2/eagle3_head", "train.eagle3.lr=5e-4"], "eagle3"),
+    # answer mode at equal steps (train=sharegpt settings, 60 steps of 4,096 tokens, each head continued from its
+    # round-5 weights, validated on the held-out ShareGPT conversations with the dataset's answers)
+    **{f"answers_{corpus}_{kind}": (f"{'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head, {note}",
+                                    [*SHAREGPT_SETTINGS[kind], f"train.corpus.out_dir={folder}"], kind)
+       for corpus, (folder, note) in ANSWER_CORPORA.items() for kind in ("head", "eagle3")},
 }
 STAGE_OF = {"head": ("head", "head"), "eagle3": ("eagle3", "eagle3_head")}  # kind -> (train section, export key)
 
@@ -127,6 +150,27 @@ def table(root: Path) -> str:
     return "\n".join(lines)
 
 
+def answer_mode_table(root: Path) -> str:
+    """The answer-mode ablation (``answers_*`` variants): held-out ShareGPT top-1 (the run's last validation)
+    beside the eval stage's MT-bench first turns, per head kind and corpus."""
+    lines = ["| head | corpus (answers) | held-out ShareGPT top-1 | MT-bench top-1 | top-4 | chain tau "
+             "| tokens trained | train min |", "|---|---|---|---|---|---|---|---|"]
+    for kind in ("head", "eagle3"):
+        for corpus, (_, note) in ANSWER_CORPORA.items():
+            folder = root / f"answers_{corpus}_{kind}"
+            ev = folder / "head" / "eval.json"
+            if not ev.exists():
+                continue
+            mt = json.loads(ev.read_text())["mt_bench"]
+            rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line]
+            val = [r for r in rows if r["split"] == "val"][-1]
+            timing = json.loads((folder / "timing.json").read_text())
+            lines.append(f"| {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} | {note} | {val['top1']:.3f} | "
+                         f"{mt['teacher_forced']['top1']:.3f} | {mt['teacher_forced']['top4']:.3f} | "
+                         f"{mt['chain']['tau']:.2f} | {val['tokens_trained'] / 1e6:.2f}M | {timing[kind] / 60:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["run", "table"])
@@ -137,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra train_head.py override (replaces the variant's own for that key); repeatable")
+    ap.add_argument("--answers", action="store_true", help="for table: the answer-mode ablation's table")
     args = ap.parse_args(argv)
     if args.action == "run":
         unknown = [v for v in args.variants if v not in VARIANTS]
@@ -144,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"choose variants from {', '.join(VARIANTS)} (got {args.variants})")
         for name in args.variants:
             run_variant(name, args.root, args.steps, args.batches, args.threads, args.set)
-    print(table(args.root))
+    answer_variants = any(name.startswith("answers_") for name in args.variants)
+    print(answer_mode_table(args.root) if answer_variants or args.answers else table(args.root))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
-EXTRA_STAGES = ("conversations", "features", "sharegpt")  # run only when named (not part of ``all``)
+EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers")  # run only when named (not part of ``all``)
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 DATA_PARALLEL_STAGES = ("head", "eagle3", "draft")  # the stages torchrun may run (rank 0 exports)
 
@@ -78,6 +78,21 @@ def sharegpt_stage(tokenizer, sg_cfg, root: Path) -> Path:
     return out
 
 
+def own_answers_stage(target, tokenizer, cfg, root: Path) -> Path:
+    """The target's greedy answers to the first turns of the ShareGPT token shards (``train.own_answers``)."""
+    from eagle2.prompts.chat import stop_ids
+    from eagle2.training.own_answers import build_own_answer_shards
+
+    c = cfg.train.own_answers
+    out = root / c.out_dir
+    totals = build_own_answer_shards(target, root / c.source, out, stops=stop_ids(tokenizer, c.stop_tokens),
+                                     max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
+                                     batch_size=c.batch_size, shards=c.shards)
+    print(f"[own_answers] {totals['conversations']} answers, {totals['tokens']} tokens ({totals['answer_tokens']} "
+          f"answer), {totals['prompt_too_long']} prompts too long, {totals['seconds']:.0f} s decoding", flush=True)
+    return out
+
+
 def features_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
     """Teacher-forced feature shards of the token shards in ``train.conversations.out_dir``."""
     from eagle2.training.corpus import corpus_tap_layers
@@ -124,13 +139,19 @@ def mtbench_heldout(target, tokenizer, cfg, root: Path) -> Path:
 
 def validation(target, tokenizer, cfg, root: Path, kind: str) -> dict:
     """The trainer's validation for ``train.<kind>.val_set``: ``corpus`` (its held-out shards: top-1/top-4
-    per step) or ``mtbench`` (the eval stage's MT-bench first turns, with the greedy-chain tau too, so the
+    per step), a corpus folder (that corpus's held-out shards: heads trained on different corpora measured on
+    one set) or ``mtbench`` (the eval stage's MT-bench first turns, with the greedy-chain tau too, so the
     learning curve and the flat-curve stop read the headline held-out set)."""
     val_set = cfg.train[kind].get("val_set", "corpus")
     if val_set == "corpus":
         return {}
     if val_set != "mtbench":
-        raise ValueError(f"train.{kind}.val_set must be corpus or mtbench, not {val_set!r}")
+        folder = root / str(val_set)
+        if not folder.is_dir():
+            raise ValueError(f"train.{kind}.val_set must be corpus, mtbench or a corpus folder, not {val_set!r}")
+        from eagle2.training.data import train_val_sequences
+
+        return {"val_seqs": train_val_sequences(folder, cfg.train[kind].val_fraction)[1]}
     from eagle2.training.data import all_sequences
     from eagle2.training.evaluate import chain_tau_measure
 
@@ -250,6 +271,8 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
         _say(f"[train_head] conversations: {conversations_stage(target, tokenizer, cfg.train.conversations, root)}")
     if "sharegpt" in stages:
         _say(f"[train_head] sharegpt: {sharegpt_stage(tokenizer, cfg.train.sharegpt, root)}")
+    if "own_answers" in stages:
+        _say(f"[train_head] own answers: {own_answers_stage(target, tokenizer, cfg, root)}")
     if "features" in stages:
         _say(f"[train_head] features: {features_stage(target, tokenizer, cfg.train.conversations, root)}")
     if "corpus" in stages:

@@ -1,0 +1,59 @@
+"""Own answers (the EAGLE-3 recipe's data): each ShareGPT conversation's first prompt, cut from its token shard
+at the first answer span, answered by the real SmolLM2 through the batched engine exactly as a plain greedy
+loop answers it alone; the same shard layout (so the same held-out split); long prompts counted; resumable."""
+
+from __future__ import annotations
+
+import torch
+
+from eagle2.prompts.chat import stop_ids
+from eagle2.training.own_answers import build_own_answer_shards, first_prompts
+from eagle2.training.sharegpt import encode_with_spans
+from eagle2.training.token_shards import read_token_shard, write_token_shard
+
+QUESTIONS = [(["Name a colour."], ["Blue."]), (["What is 2 + 3?", "And 4 + 4?"], ["5.", "8."]),
+             (["Write one word about the sea."], ["Waves."]),
+             (["Tell me about " + "the history of bread and " * 40 + "why it matters."], ["Bread is old."])]
+
+
+def _source_shards(tokenizer, folder):
+    stops = stop_ids(tokenizer)
+    convs = [encode_with_spans(tokenizer, "tokenizer", u, a, None, stops, 2048) for u, a in QUESTIONS]
+    write_token_shard(folder / "tokens_00000.npz", convs[:2], {"conversations": [{"id": "a"}, {"id": "b"}]})
+    write_token_shard(folder / "tokens_00001.npz", convs[2:], {"conversations": [{"id": "c"}, {"id": "d"}]})
+    return convs
+
+
+@torch.no_grad()
+def _greedy_alone(model, prompt, stops, n):
+    ids = list(prompt)
+    for _ in range(n):
+        nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(nxt)
+        if nxt in stops:
+            break
+    return ids[len(prompt):]
+
+
+def test_first_turns_are_answered_as_a_greedy_loop_answers_them_alone(smollm2, tmp_path):
+    model, tok = smollm2
+    source, out = tmp_path / "tokens", tmp_path / "own"
+    source.mkdir()
+    convs = _source_shards(tok, source)
+    stops = stop_ids(tok)
+    totals = build_own_answer_shards(model, source, out, stops=stops, max_prompt_tokens=200, max_new_tokens=12,
+                                     batch_size=2)
+    assert totals["prompt_too_long"] == 1 and totals["conversations"] == 3
+    made = [read_token_shard(out / f"tokens_0000{k}.npz") for k in (0, 1)]
+    assert [m["conversations"] for _, m in made] == [[{"id": "a"}, {"id": "b"}], [{"id": "c"}]]
+    answered = made[0][0] + made[1][0]
+    for (ids, spans), prompt in zip(answered, first_prompts(convs[:3])):
+        assert ids[: len(prompt)] == prompt and spans == [(len(prompt), len(ids))]
+        assert prompt[-3:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"][-3:]
+        assert ids[len(prompt):] == _greedy_alone(model, prompt, stops, 12)
+    # the second conversation's second turn is not regenerated: its prompt ends before the first answer
+    assert len(answered[1][0]) < len(convs[1][0])
+    written = (out / "tokens_00000.npz").stat().st_mtime_ns
+    assert build_own_answer_shards(model, source, out, stops=stops, max_prompt_tokens=200, max_new_tokens=12,
+                                   batch_size=2, shards=1)["conversations"] == 2
+    assert (out / "tokens_00000.npz").stat().st_mtime_ns == written  # resumed: nothing decoded again
