@@ -26,7 +26,7 @@ from eagle2.training.loop import autocast_dtype
 from eagle2.training.losses import LossProjection, evaluate_loss, head_loss
 from eagle2.training.models import new_head
 from eagle2.training.online import OnlineFeatures
-from eagle2.training.train import _dtype
+from eagle2.training.train import loss_dtype
 
 
 def _batches(corpus: str, token_budget: int, count: int, val_fraction: float = 0.1):
@@ -69,7 +69,7 @@ def main() -> None:
     feat_s = (device_clock("cpu") - t0) / len(batches)
     tokens = sum(int(b["valid"].sum()) for b in batches)
     vocab = tokens_by_frequency(args.corpus, limit=args.cls_vocab_size)
-    lm_head, ldt = target.get_output_embeddings(), _dtype("auto")
+    lm_head, ldt = target.get_output_embeddings(), loss_dtype("auto")
     variants = {"full": LossProjection(lm_head, ldt), f"vocab{len(vocab)}": LossProjection(lm_head, ldt, vocab)}
     heads = {}
     for name, proj in variants.items():

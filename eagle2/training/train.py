@@ -21,7 +21,7 @@ from eagle2.training.models import new_head
 from eagle2.training.online import OnlineFeatures
 
 
-def _dtype(name: str) -> torch.dtype:
+def loss_dtype(name: str) -> torch.dtype:
     """A loss dtype setting; ``auto`` is bf16 where the CPU multiplies bf16 natively (~2.5x faster
     there) and fp32 elsewhere (on an AVX2-only CPU a bf16 LM-head matmul is many times slower)."""
     from eagle2.core.cpu import cpu_has_native_bf16
@@ -89,7 +89,7 @@ def head_setup(target, cfg, cls_vocab: torch.Tensor | None = None) -> tuple[Eagl
         head.draft_vocab = start.draft_vocab
     if cls_vocab is not None:  # it drafts over the vocabulary it was trained over
         head.draft_vocab = cls_vocab.clone()
-    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype), cls_vocab)
+    proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype), cls_vocab)
     unroll = int(cfg.unroll)
     loss_fn = partial(head_loss, proj=proj, noise=cfg.noise, w_reg=cfg.w_reg, w_cls=cfg.w_cls, unroll=unroll,
                       unroll_cls_fraction=float(cfg.unroll_cls_fraction))
@@ -145,7 +145,7 @@ def eagle3_setup(target, corpus_dir: str | Path, cfg):
     else:
         head = new_eagle3_head(target, draft_vocabulary_ids(corpus_dir, cfg.draft_vocab_size,
                                                             target.config.vocab_size))
-    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
+    proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype))
     unroll = int(cfg.unroll)
     decay = float(cfg.get("step_decay") or 1.0)  # step i of the unroll weighs decay ** i
     loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction),
@@ -163,7 +163,7 @@ def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwar
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg)
     draft = build_draft_model(target, cfg.num_layers, cfg.init_from_target)
-    proj = LossProjection(target.get_output_embeddings(), _dtype(cfg.loss_dtype))
+    proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype))
     loss_fn = partial(draft_loss, proj=proj, loss_on_prompt=cfg.loss_on_prompt)
     summary = fit(draft, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="draft", **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
