@@ -5,7 +5,9 @@ The page is stamped with what makes its figures reproducible: the commit, the da
 kernels the rows record, and the exact command that produced the rows. Its table (per model, benchmark and
 temperature: every method's turns, tokens/s, speedup over plain decoding on the same turns, tau) sits between
 ``<!-- headline:begin -->`` and ``<!-- headline:end -->``; ``python -m analysis.status`` copies that block
-into README.md, so every figure there has this page as its source.
+into README.md, so every figure there has this page as its source. Rows over several benchmarks also get
+the paper's Table 1 layout (``analysis.tables``: speedup / tau per benchmark and their mean, the paper's
+published cells beside ours), below the marked block.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.metrics import method_table
-from analysis.tables import TITLES
+from analysis.tables import TITLES, load_published, table1_frame, to_markdown
 from eagle2.core.cpu import cpu_kind
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -100,6 +102,9 @@ def page_markdown(rows: pd.DataFrame, command: str, commit: str, date: str, cpu:
     lines += [f"- **{key}**: {stamp[key]}" for key in STAMP_KEYS]
     lines += ["", "Speedup: tokens/s over plain decoding's on the same question turns (decode time only); "
               "tau: tokens per target forward.", "", BEGIN, headline_table(rows).rstrip(), END, ""]
+    if rows.dataset.nunique() > 1:  # several benchmarks: the paper's Table 1 layout too, its figures beside ours
+        lines += ["## The same rows in the layout of the EAGLE-2 paper's Table 1", "",
+                  to_markdown(table1_frame(rows, load_published())[0]).rstrip(), ""]
     return "\n".join(lines)
 
 

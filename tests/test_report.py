@@ -249,4 +249,9 @@ def test_report_writes_a_stamped_results_page(sweep, tmp_path):
     for r in method_table(rows).itertuples():
         line = f"| {r.turns} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {r.tau:.2f} |"
         assert line in block, line
+    # two benchmarks: the Table 1 layout follows the marked block, each of our cells as speedup / tau
+    layout = text.split("<!-- headline:end -->", 1)[1]
+    assert "Table 1" in layout and "| Method " in layout and "| GSM8K " in layout and "| NaturalQ " in layout
+    for r in method_table(rows)[lambda t: t.method == "eagle2"].itertuples():
+        assert f"{r.speedup:.2f}x / {r.tau:.2f}" in layout
     assert main([str(tmp_path / "out"), "--out", str(tmp_path / "o2"), "--page", str(tmp_path / "p.md")]) == 1
