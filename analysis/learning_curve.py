@@ -2,6 +2,14 @@
 against tokens trained, from the trainers' ``metrics.jsonl`` validation rows; for the head cards.
 
     python -m analysis.learning_curve RUN_DIR_OR_METRICS [...] --out curve.png
+    python -m analysis.learning_curve LEG1,LEG2 --out curve.png --scaling-out scaling.png
+
+A run given as ``LEG1,LEG2,...`` is one head trained in legs (each leg continued from the previous one's
+export): the legs' rows are joined, each leg's steps and tokens counted on from the previous leg's last
+validation. ``--scaling-out`` plots each run's held-out top-1 at 1/4, 1/2 and all of its tokens trained (the
+validation nearest each share) and prints them as a table: with less than one pass over the corpus every
+token trained was seen once, so the point at 1/4 is the head that saw 1/4 of the data (its learning rate not
+yet annealed there).
 """
 
 from __future__ import annotations
@@ -22,6 +30,42 @@ def validation_rows(source: str | Path) -> list[dict]:
     path = path / "metrics.jsonl" if path.is_dir() else path
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("split") == "val"]
+
+
+def joined_legs(legs: list[list[dict]]) -> list[dict]:
+    """The validation rows of a run trained in legs, steps and tokens counted on across the legs."""
+    out: list[dict] = []
+    for rows in legs:
+        step0 = out[-1]["step"] if out else 0
+        tokens0 = out[-1].get("tokens_trained", 0) if out else 0
+        out += [{**r, "step": r["step"] + step0, "tokens_trained": r.get("tokens_trained", 0) + tokens0} for r in rows]
+    return out
+
+
+def scaling_points(rows: list[dict], key: str = "top1", shares=(0.25, 0.5, 1.0)) -> list[tuple[float, int, float]]:
+    """(share, tokens trained, ``key``) at the validation nearest each share of the run's last tokens trained."""
+    rows = [r for r in rows if key in r and "tokens_trained" in r]
+    total = rows[-1]["tokens_trained"]
+    picked = [min(rows, key=lambda r: abs(r["tokens_trained"] - share * total)) for share in shares]
+    return [(share, r["tokens_trained"], r[key]) for share, r in zip(shares, picked)]
+
+
+def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1") -> Path:
+    """Held-out ``key`` at 1/4, 1/2 and all of each run's tokens (log-scaled tokens axis)."""
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for name, rows in runs.items():
+        points = scaling_points(rows, key)
+        ax.plot([t / 1e6 for _, t, _ in points], [v for _, _, v in points], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens trained (M), log scale")
+    ax.set_ylabel(f"held-out {key}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
 
 
 def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1") -> Path:
@@ -49,10 +93,17 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="run folders (with metrics.jsonl) or metrics.jsonl files")
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="top1")
+    ap.add_argument("--scaling-out", help="also the data-scaling figure (1/4, 1/2, all of the tokens) here")
     args = ap.parse_args()
-    runs = {str(r): validation_rows(r) for r in args.runs}
+    runs = {str(r): joined_legs([validation_rows(leg) for leg in str(r).split(",")]) for r in args.runs}
     out = plot_curves(runs, args.out, args.key)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
+    if args.scaling_out:
+        print(f"| run | share of tokens | tokens trained | held-out {args.key} |\n|---|---|---|---|")
+        for name, rows in runs.items():
+            for share, tokens, value in scaling_points(rows, args.key):
+                print(f"| {name} | {share:g} | {tokens / 1e6:.2f}M | {value:.3f} |")
+        print(f"[learning_curve] data scaling -> {plot_scaling(runs, args.scaling_out, args.key)}")
 
 
 if __name__ == "__main__":

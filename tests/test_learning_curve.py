@@ -76,3 +76,16 @@ def test_a_validation_schedule_is_the_curve(target, corpus, tmp_path):  # noqa: 
     assert steps == [3, 6, 9, 12]
     _, cut = train_head(target, corpus, cfg, tmp_path / "cut", stop_after=2)
     assert cut["partial"] and cut["stopped"] and not cut["flat"]
+
+
+def test_legs_join_and_the_scaling_points_are_the_nearest_validations():
+    from analysis.learning_curve import joined_legs, scaling_points
+
+    first = [{"step": 50, "tokens_trained": 100, "top1": 0.1}, {"step": 100, "tokens_trained": 200, "top1": 0.2}]
+    second = [{"step": 50, "tokens_trained": 100, "top1": 0.3}, {"step": 100, "tokens_trained": 210, "top1": 0.4},
+              {"step": 150, "tokens_trained": 600, "top1": 0.5}]
+    rows = joined_legs([first, second])
+    assert [(r["step"], r["tokens_trained"]) for r in rows] == [(50, 100), (100, 200), (150, 300), (200, 410),
+                                                                (250, 800)]
+    # 1/4 of 800 = 200 (exact), 1/2 = 400 (nearest: 410), all = 800
+    assert scaling_points(rows) == [(0.25, 200, 0.2), (0.5, 410, 0.4), (1.0, 800, 0.5)]
