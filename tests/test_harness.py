@@ -33,6 +33,9 @@ COMMON = ["logger=none", "threads=1", "warmup_tokens=0", "dataset=nq", "max_new_
 
 
 def compose_cfg(*overrides, hydra_cfg: bool = False):
+    from eagle2.bench.resolvers import register
+
+    register()  # (run.py registers them; this file may run before anything else imports eagle2.bench)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
 
@@ -199,3 +202,19 @@ def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
     errors = [line for line in out.stderr.splitlines() if "run failed" in line]
     assert len(errors) == 1 and f"being written by pid {os.getpid()}" in errors[0] and "Traceback" not in out.stderr
     assert not first.rows_path.exists() and read_rows(tmp_path) == []
+
+
+def test_equal_budgets_pairs_a_static_and_a_dynamic_tree_of_each_budget():
+    import ast
+
+    from eagle2.core.tree import choice_paths
+
+    cmds = commands("equal_budgets", [], None, None)
+    assert len(cmds) == 3
+    static = next(c for c in cmds[1] if c.startswith("method.choices="))
+    paths = ast.literal_eval(static.split("=", 1)[1])
+    assert len(choice_paths(paths)) == 60  # a valid tree (parents first) of 60 drafted nodes
+    assert "model.eagle2.total_tokens=60" in cmds[2] and all("model.dtype=float32" in c for c in cmds[1:])
+    grid = OmegaConf.to_container(compose_cfg("experiment=equal_budgets", hydra_cfg=True).hydra.sweeper.params)
+    assert grid["model.eagle2.total_tokens"] == "25" and grid["model.dtype"] == "float32"
+    assert len(compose_cfg("method=eagle").method.choices) == 25  # the static tree the 25-node grid runs
