@@ -57,3 +57,20 @@ def test_first_turns_are_answered_as_a_greedy_loop_answers_them_alone(smollm2, t
     assert build_own_answer_shards(model, source, out, stops=stops, max_prompt_tokens=200, max_new_tokens=12,
                                    batch_size=2, shards=1)["conversations"] == 2
     assert (out / "tokens_00000.npz").stat().st_mtime_ns == written  # resumed: nothing decoded again
+
+
+def test_a_corpus_folder_as_val_set_gives_that_corpus_held_out_conversations(tmp_path):
+    import pytest
+    from omegaconf import OmegaConf
+
+    from eagle2.training.recipe import validation
+
+    (tmp_path / "val").mkdir()
+    for k in range(3):  # 3 shards: too few for every 50th, so the last is held out
+        write_token_shard(tmp_path / "val" / f"tokens_{k:05d}.npz", [([1, 2, 3, 4 + k], [(2, 4)])])
+    cfg = OmegaConf.create({"train": {"head": {"val_set": "val", "val_fraction": 0.02}}})
+    seqs = validation(None, None, cfg, tmp_path, "head")["val_seqs"]
+    assert len(seqs) == 1 and seqs[0].tokens.tolist() == [1, 2, 3, 6]
+    cfg.train.head.val_set = "no_such_folder"
+    with pytest.raises(ValueError, match="corpus, mtbench or a corpus folder"):
+        validation(None, None, cfg, tmp_path, "head")
