@@ -2,7 +2,7 @@
 against tokens trained, from the trainers' ``metrics.jsonl`` validation rows; for the head cards.
 
     python -m analysis.learning_curve RUN_DIR_OR_METRICS [...] --out curve.png
-    python -m analysis.learning_curve LEG1,LEG2 --out curve.png --scaling-out scaling.png
+    python -m analysis.learning_curve "EAGLE head=LEG1,LEG2" --out curve.png --scaling-out scaling.png
 
 A run given as ``LEG1,LEG2,...`` is one head trained in legs (each leg continued from the previous one's
 export): the legs' rows are joined, each leg's steps and tokens counted on from the previous leg's last
@@ -90,12 +90,14 @@ def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="run folders (with metrics.jsonl) or metrics.jsonl files")
+    ap.add_argument("runs", nargs="+", help="run folders (with metrics.jsonl) or metrics.jsonl files; LEG1,LEG2: "
+                                           "one run in legs; NAME=...: its label")
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="top1")
     ap.add_argument("--scaling-out", help="also the data-scaling figure (1/4, 1/2, all of the tokens) here")
     args = ap.parse_args()
-    runs = {str(r): joined_legs([validation_rows(leg) for leg in str(r).split(",")]) for r in args.runs}
+    named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
+    runs = {name: joined_legs([validation_rows(leg) for leg in legs.split(",")]) for name, legs in named}
     out = plot_curves(runs, args.out, args.key)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
     if args.scaling_out:
