@@ -47,7 +47,8 @@ SHAREGPT_SETTINGS = {kind: ["train=sharegpt", f"train.{kind}.resume_dir=null",
                             f"train.{kind}.val_every=60", f"train.{kind}.lr=5e-4", f"train.{kind}.warmup=3",
                             f"train.{kind}.epochs=3"]  # (the smallest corpus, 153k tokens, is ~40 batches)
                      for kind in ("head", "eagle3")}
-SHAREGPT_SETTINGS["head"].append("train.head.init_from=artifacts/work/round5/eagle_head")  # (git show 0151908)
+ROUND5_HEAD = ("0151908", "artifacts/smollm2/eagle_head", "artifacts/work/round5/eagle_head")  # (commit, path, copy)
+SHAREGPT_SETTINGS["head"].append(f"train.head.init_from={ROUND5_HEAD[2]}")  # the head round 6 replaced
 SHAREGPT_SETTINGS["eagle3"].append("train.eagle3.init_from=artifacts/smollm2/eagle3_head")  # round 5, still shipped
 
 VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # name -> (lever, overrides[, kind])
@@ -103,8 +104,23 @@ def variant_overrides(name: str, root: Path, steps: int, batches: int, threads: 
             f"train.eval.kinds=[{kind}]", *own, *extra]
 
 
+def checkout_round5_head() -> None:
+    """Copy the round-5 EAGLE head (the answer-mode ablation's start) out of git history, once."""
+    commit, path, copy = ROUND5_HEAD
+    if (ROOT / copy / "model.safetensors").exists():
+        return
+    names = subprocess.run(["git", "ls-tree", "--name-only", commit, path + "/"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    (ROOT / copy).mkdir(parents=True, exist_ok=True)
+    for name in names:
+        blob = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=ROOT, check=True, capture_output=True).stdout
+        (ROOT / copy / Path(name).name).write_bytes(blob)
+
+
 def run_variant(name: str, root: Path, steps: int, batches: int, threads: int, extra: list[str] = ()) -> None:
     over = variant_overrides(name, root, steps, batches, threads, extra)
+    if f"train.head.init_from={ROUND5_HEAD[2]}" in over:
+        checkout_round5_head()
     # the eval stage measures on MT-bench and on the held-out shards of the self-distilled corpus (the same
     # for every variant), or of the conversations for a variant trained on them
     eval_over = [o for o in over if not o.startswith("train.corpus.out_dir=") or CONVERSATIONS in o]
