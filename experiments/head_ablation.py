@@ -174,11 +174,13 @@ def answer_mode_table(root: Path) -> str:
     for kind in ("head", "eagle3"):
         for corpus, (_, note) in ANSWER_CORPORA.items():
             folder = root / f"answers_{corpus}_{kind}"
-            ev = folder / "head" / "eval.json"
-            if not ev.exists():
+            # (a run's folder, or its record: eval.json and metrics.jsonl copied side by side)
+            ev = next((f for f in (folder / "head" / "eval.json", folder / "eval.json") if f.exists()), None)
+            if ev is None:
                 continue
             mt = json.loads(ev.read_text())["mt_bench"]
-            rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line]
+            metrics = next(f for f in (folder / "run" / "metrics.jsonl", folder / "metrics.jsonl") if f.exists())
+            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
             val = [r for r in rows if r["split"] == "val"][-1]
             timing = json.loads((folder / "timing.json").read_text())
             lines.append(f"| {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} | {note} | {val['top1']:.3f} | "
