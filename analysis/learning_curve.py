@@ -40,16 +40,21 @@ def cpu_kinds(source: str | Path) -> set[str]:
     return {str(r["cpu_kind"]) for r in rows if r.get("split") == "train" and r.get("cpu_kind")}
 
 
-def stamp(figure, sources: list[str]) -> None:
-    """Commit, date and the runs' CPU kinds, in small type at the figure's foot."""
+def stamp_text(sources: list[str]) -> str:
+    """Commit, date and the runs' CPU kinds (read before any figure is written: a rewritten figure would
+    make the checkout dirty)."""
     import datetime as dt
 
     from analysis.results_page import git_commit
 
     kinds = sorted(set().union(*(cpu_kinds(s) for s in sources))) or ["not recorded"]
-    figure.text(0.99, 0.005, f"commit {git_commit(Path(__file__).resolve().parents[1])}, "
-                f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}, trained on CPU kind {', '.join(kinds)}",
-                ha="right", va="bottom", fontsize=6, color="gray")
+    return (f"commit {git_commit(Path(__file__).resolve().parents[1])}, "
+            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}, trained on CPU kind {', '.join(kinds)}")
+
+
+def stamp(figure, text: str) -> None:
+    """``text`` in small type at the figure's foot."""
+    figure.text(0.99, 0.005, text, ha="right", va="bottom", fontsize=6, color="gray")
 
 
 def joined_legs(legs: list[list[dict]]) -> list[dict]:
@@ -70,7 +75,7 @@ def scaling_points(rows: list[dict], key: str = "top1", shares=(0.25, 0.5, 1.0))
     return [(share, r["tokens_trained"], r[key]) for share, r in zip(shares, picked)]
 
 
-def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", sources: list[str] = ()) -> Path:
+def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None) -> Path:
     """Held-out ``key`` at 1/4, 1/2 and all of each run's tokens (log-scaled tokens axis)."""
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for name, rows in runs.items():
@@ -87,8 +92,8 @@ def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1"
     ax.set_ylabel(f"held-out {key}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    if sources:
-        stamp(fig, sources)
+    if stamped:
+        stamp(fig, stamped)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
@@ -96,7 +101,7 @@ def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1"
     return out
 
 
-def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", sources: list[str] = ()) -> Path:
+def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None) -> Path:
     """One line per run: ``key`` against the step (left) and the tokens trained (right)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for name, rows in runs.items():
@@ -109,8 +114,8 @@ def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1",
     axes[0].set_ylabel(f"held-out {key}")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    if sources:  # (a figure for the docs names what made it)
-        stamp(fig, sources)
+    if stamped:  # (a figure for the docs names what made it)
+        stamp(fig, stamped)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
@@ -128,15 +133,15 @@ def main() -> None:
     args = ap.parse_args()
     named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
     runs = {name: joined_legs([validation_rows(leg) for leg in legs.split(",")]) for name, legs in named}
-    sources = [leg for _, legs in named for leg in legs.split(",")]
-    out = plot_curves(runs, args.out, args.key, sources)
+    stamped = stamp_text([leg for _, legs in named for leg in legs.split(",")])
+    out = plot_curves(runs, args.out, args.key, stamped)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
     if args.scaling_out:
         print(f"| run | share of tokens | tokens trained | held-out {args.key} |\n|---|---|---|---|")
         for name, rows in runs.items():
             for share, tokens, value in scaling_points(rows, args.key):
                 print(f"| {name} | {share:g} | {tokens / 1e6:.2f}M | {value:.3f} |")
-        print(f"[learning_curve] data scaling -> {plot_scaling(runs, args.scaling_out, args.key, sources)}")
+        print(f"[learning_curve] data scaling -> {plot_scaling(runs, args.scaling_out, args.key, stamped)}")
 
 
 if __name__ == "__main__":
