@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.metrics import method_table
+from analysis.metrics import method_table, variant_labels
 from analysis.tables import TITLES, load_published, table1_frame, to_markdown
 from eagle2.core.cpu import cpu_kind
 
@@ -74,6 +74,7 @@ def headline_table(rows: pd.DataFrame) -> str:
     """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown)."""
     limits = rows.groupby("config_hash").max_new_tokens.max() if "max_new_tokens" in rows else pd.Series(dtype=int)
     table = method_table(rows).assign(limit=lambda t: t.config_hash.map(limits).fillna(-1).astype(int))
+    labels = variant_labels(rows)
     out = []
     for (model, dataset, temperature, limit), g in table.groupby(["model", "dataset", "temperature", "limit"]):
         tokens = f", at most {limit} new tokens" if limit >= 0 else ""
@@ -81,8 +82,8 @@ def headline_table(rows: pd.DataFrame) -> str:
                 "| method | turns | tokens/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
         g = g.assign(rank=g.method.map(_method_rank)).sort_values(["rank", "method", "config_hash"])
         many = g.method.duplicated(keep=False)
-        for r, several in zip(g.itertuples(), many):
-            name = f"{r.method} ({r.config_hash})" if several else r.method
+        for r, several in zip(g.itertuples(), many):  # several configs of one method: what differs names them
+            name = f"{labels.get(r.config_hash, r.method)} ({r.config_hash})" if several else r.method
             speed = f"{r.speedup:.2f}x" if r.speedup == r.speedup else "no baseline"
             out.append(f"| {name} | {r.turns} | {r.tokens_per_s:.1f} | {speed} | {r.tau:.2f} |")
         out.append("")
