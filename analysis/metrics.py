@@ -268,7 +268,10 @@ def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
 
 
 def _plain_value(value):
-    """8.0 -> 8 (pandas turns int settings into floats once another config lacks them)."""
+    """8.0 -> 8 (pandas turns int settings into floats once another config lacks them); a static tree's
+    choice paths -> ``<n> nodes, depth <d>``."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(p, (list, tuple)) for p in value):
+        return f"{len(value)} nodes, depth {max(len(p) for p in value)}"
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
