@@ -16,11 +16,11 @@ Knows nothing of training.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from pathlib import Path
 
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
+from eagle2.core.engine import device_clock
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.training.token_shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
@@ -65,7 +65,7 @@ def build_own_answer_shards(target, source_dir: str | Path, out_dir: str | Path,
             convs, meta = read_token_shard(path)
             prompts = first_prompts(convs)
             keep = [i for i, p in enumerate(prompts) if len(p) <= max_prompt_tokens]
-            t0 = time.perf_counter()
+            t0 = device_clock(target.device)
             answers = answer_greedily(target, [prompts[i] for i in keep], stops, max_new_tokens, batch_size)
             made = [(prompts[i] + a, [(len(prompts[i]), len(prompts[i]) + len(a))]) for i, a in zip(keep, answers) if a]
             records = meta.get("conversations", [])
@@ -73,7 +73,7 @@ def build_own_answer_shards(target, source_dir: str | Path, out_dir: str | Path,
                 "source": path.name, "answers": "target, greedy", "max_new_tokens": max_new_tokens,
                 "conversations": [records[i] for i, a in zip(keep, answers) if a] if records else [],
                 "answered": len(made), "prompt_too_long": len(prompts) - len(keep),
-                "seconds": round(time.perf_counter() - t0, 1),
+                "seconds": round(device_clock(target.device) - t0, 1),
                 "tokens": sum(len(ids) for ids, _ in made),
                 "answer_tokens": sum(b - a for _, spans in made for a, b in spans)})
         meta = read_token_shard(dest)[1]
