@@ -24,20 +24,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def validation_rows(source: str | Path) -> list[dict]:
-    """The ``split: val`` rows of a run's ``metrics.jsonl`` (a run folder or the file itself)."""
+def metrics_rows(source: str | Path, split: str) -> list[dict]:
+    """The ``split`` rows (``val`` or ``train``) of a run's ``metrics.jsonl`` (a run folder or the file itself)."""
     path = Path(source)
     path = path / "metrics.jsonl" if path.is_dir() else path
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("split") == "val"]
+    return [r for r in rows if r.get("split") == split]
+
+
+def validation_rows(source: str | Path) -> list[dict]:
+    """The validation rows of a run's ``metrics.jsonl``."""
+    return metrics_rows(source, "val")
 
 
 def cpu_kinds(source: str | Path) -> set[str]:
     """The CPU kinds the train rows of a run's ``metrics.jsonl`` record."""
-    path = Path(source)
-    path = path / "metrics.jsonl" if path.is_dir() else path
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {str(r["cpu_kind"]) for r in rows if r.get("split") == "train" and r.get("cpu_kind")}
+    return {str(r["cpu_kind"]) for r in metrics_rows(source, "train") if r.get("cpu_kind")}
 
 
 def stamp_text(sources: list[str]) -> str:
@@ -52,9 +54,16 @@ def stamp_text(sources: list[str]) -> str:
             f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}, trained on CPU kind {', '.join(kinds)}")
 
 
-def stamp(figure, text: str) -> None:
-    """``text`` in small type at the figure's foot."""
-    figure.text(0.99, 0.005, text, ha="right", va="bottom", fontsize=6, color="gray")
+def save_figure(figure, out: str | Path, stamped: str | None = None) -> Path:
+    """Lay out ``figure``, write ``stamped`` (if any) in small type at its foot, save it to ``out``, close it."""
+    figure.tight_layout()
+    if stamped:  # (a figure for the docs names what made it)
+        figure.text(0.99, 0.005, stamped, ha="right", va="bottom", fontsize=6, color="gray")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=130)
+    plt.close(figure)
+    return out
 
 
 def joined_legs(legs: list[list[dict]]) -> list[dict]:
@@ -77,28 +86,20 @@ def scaling_points(rows: list[dict], key: str = "top1", shares=(0.25, 0.5, 1.0))
 
 def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None) -> Path:
     """Held-out ``key`` at 1/4, 1/2 and all of each run's tokens (log-scaled tokens axis)."""
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name, rows in runs.items():
-        points = scaling_points(rows, key)
-        ax.plot([t / 1e6 for _, t, _ in points], [v for _, _, v in points], marker="o", label=name)
-    ax.set_xscale("log")
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import NullFormatter
 
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    points = {name: scaling_points(rows, key) for name, rows in runs.items()}
+    for name, pts in points.items():
+        ax.plot([t / 1e6 for _, t, _ in pts], [v for _, _, v in pts], marker="o", label=name)
+    ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ticks = sorted({t / 1e6 for rows in runs.values() for _, t, _ in scaling_points(rows, key)})
+    ticks = sorted({t / 1e6 for pts in points.values() for _, t, _ in pts})  # the measured points label the axis
     ax.set_xticks(ticks, [f"{t:.2g}" for t in ticks], fontsize=7)
     ax.set_xlabel("tokens trained (M), log scale")
     ax.set_ylabel(f"held-out {key}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    if stamped:
-        stamp(fig, stamped)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, stamped)
 
 
 def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None) -> Path:
@@ -113,14 +114,7 @@ def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1",
     axes[1].set_xlabel("tokens trained (M)")
     axes[0].set_ylabel(f"held-out {key}")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    if stamped:  # (a figure for the docs names what made it)
-        stamp(fig, stamped)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, stamped)
 
 
 def main() -> None:
