@@ -140,6 +140,11 @@ def run_variant(name: str, root: Path, steps: int, batches: int, threads: int, e
         timing_file.write_text(json.dumps(timing, indent=2))
 
 
+def variant_file(folder: Path, run_sub: str, name: str) -> Path | None:
+    """A variant's ``name`` in its run folder (``folder/run_sub``) or in its record (copied side by side)."""
+    return next((f for f in (folder / run_sub / name, folder / name) if f.exists()), None)
+
+
 def _row(name: str, note: str, eval_json: Path, timing: dict) -> str:
     ev = json.loads(eval_json.read_text())
     mt, al = ev["mt_bench"], ev["alpaca_heldout"]
@@ -158,7 +163,7 @@ def table(root: Path) -> str:
         lines.append(_row("previous_head", "the head shipped before (700 steps, 78 batches)",
                           root / "previous_head" / "eval.json", {}))
     for name, (note, *_) in VARIANTS.items():
-        ev = next((f for f in (root / name / "head" / "eval.json", root / name / "eval.json") if f.exists()), None)
+        ev = variant_file(root / name, "head", "eval.json")
         if ev is None:
             continue
         timing_file = root / name / "timing.json"
@@ -174,13 +179,12 @@ def answer_mode_table(root: Path) -> str:
     for kind in ("head", "eagle3"):
         for corpus, (_, note) in ANSWER_CORPORA.items():
             folder = root / f"answers_{corpus}_{kind}"
-            # (a run's folder, or its record: eval.json and metrics.jsonl copied side by side)
-            ev = next((f for f in (folder / "head" / "eval.json", folder / "eval.json") if f.exists()), None)
+            ev = variant_file(folder, "head", "eval.json")
             if ev is None:
                 continue
             mt = json.loads(ev.read_text())["mt_bench"]
-            metrics = next(f for f in (folder / "run" / "metrics.jsonl", folder / "metrics.jsonl") if f.exists())
-            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+            rows = [json.loads(line) for line in variant_file(folder, "run", "metrics.jsonl").read_text().splitlines()
+                    if line]
             val = [r for r in rows if r["split"] == "val"][-1]
             timing = json.loads((folder / "timing.json").read_text())
             lines.append(f"| {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} | {note} | {val['top1']:.3f} | "
