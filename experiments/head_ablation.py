@@ -163,6 +163,8 @@ def table(root: Path) -> str:
         lines.append(_row("previous_head", "the head shipped before (700 steps, 78 batches)",
                           root / "previous_head" / "eval.json", {}))
     for name, (note, *_) in VARIANTS.items():
+        if name.startswith("answers_"):  # measured on MT-bench alone: answer_mode_table
+            continue
         ev = variant_file(root / name, "head", "eval.json")
         if ev is None:
             continue
