@@ -91,10 +91,11 @@ class Tally:
         n = stats["n"]
         self.positions += n
         for key, value in stats.items():
-            if key == "n" or key.startswith("n_"):
+            name = key.rsplit("/", 1)[-1]  # (a joint run's ``eagle3/top1_s2`` is counted by ``eagle3/n_s2``)
+            if name == "n" or name.startswith("n_"):
                 continue
-            step = _STEP_KEY.search(key)
-            w = stats.get(f"n_s{step.group(1)}", n) if step else n
+            step = _STEP_KEY.search(name)
+            w = stats.get(f"{key[:len(key) - len(name)]}n_s{step.group(1)}", n) if step else n
             self.sums[key] = self.sums.get(key, 0.0) + value * w
             self.weights[key] = self.weights.get(key, 0.0) + w
 

@@ -111,7 +111,8 @@ def merge_stats(stats: dict) -> dict:
     merged: dict = {}
     for key in {k for s in every for k in s}:
         have = [s for s in every if key in s and isinstance(s[key], (int, float))]
-        if key == "n" or key.startswith("n_"):
+        name = key.rsplit("/", 1)[-1]  # (a joint run's per-head counts: ``eagle3/n_s2``)
+        if name == "n" or name.startswith("n_"):
             merged[key] = sum(s[key] for s in have)
             continue
         weight = sum(s.get("n", 0) for s in have)

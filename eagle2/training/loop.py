@@ -41,6 +41,7 @@ from tqdm import tqdm
 from eagle2.core.cpu import cpu_has_native_bf16, cpu_kind
 from eagle2.training import distributed
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
+from eagle2.training.joint import clip_gradients
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
 
@@ -307,7 +308,7 @@ class Trainer:
         _, tokens = distributed.all_reduce_gradients(self.params, positions, tokens)
         if with_stats:
             stats = distributed.merge_stats(stats)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        grad_norm = clip_gradients(self.module, self.params, self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.step += 1

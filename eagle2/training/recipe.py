@@ -11,12 +11,12 @@ import torch
 
 from eagle2.training import distributed
 from eagle2.training.models import export_dtype
-from eagle2.training.train import train_draft, train_eagle3_head, train_head
+from eagle2.training.train import train_draft, train_eagle3_head, train_head, train_joint
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
-EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers")  # run only when named (not part of ``all``)
+EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers", "joint")  # run only when named (not part of ``all``)
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
-DATA_PARALLEL_STAGES = ("head", "eagle3", "draft")  # the stages torchrun may run (rank 0 exports)
+DATA_PARALLEL_STAGES = ("head", "eagle3", "draft", "joint")  # the stages torchrun may run (rank 0 exports)
 
 
 def stages_of(stage: str) -> tuple[str, ...]:
@@ -105,15 +105,17 @@ def features_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
                               token_budget=f.token_budget, max_shards=f.max_shards)
 
 
-def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype) -> None:
-    """``training.json`` beside an export: the corpus and recipe settings, the shards the trainer read
-    (train and held out, as split when it started), the summary."""
+def _write_training_card(folder: Path, kind: str, cfg, summary: dict, dtype: torch.dtype,
+                         section: str | None = None) -> None:
+    """``training.json`` beside an export: the corpus and recipe settings (``train.<section>``, default
+    ``train.<kind>``), the shards the trainer read (train and held out, as split when it started), the summary."""
+    section = section or kind
     from omegaconf import OmegaConf
 
     summary = dict(summary)
     info = {"kind": kind, "target": cfg.model.name, "corpus": OmegaConf.to_container(cfg.train.corpus),
-            "corpus_shards": summary.pop("corpus_shards"),
-            "recipe": OmegaConf.to_container(cfg.train[kind]), "stored_dtype": str(dtype).replace("torch.", ""),
+            "corpus_shards": summary.pop("corpus_shards"), **({"trained_in": section} if section != kind else {}),
+            "recipe": OmegaConf.to_container(cfg.train[section]), "stored_dtype": str(dtype).replace("torch.", ""),
             "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
 
@@ -161,13 +163,17 @@ def validation(target, tokenizer, cfg, root: Path, kind: str) -> dict:
 
 def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     """Train the EAGLE head and export it (published format, no embedding) to ``train.export.head``."""
-    from eagle2.heads.eagle_head import save_head
-
     head, summary = train_head(target, root / cfg.train.corpus.out_dir, cfg.train.head,
                                root / cfg.train.head.out_dir, stop_after=cfg.train.head.stop_after,
                                **validation(target, tokenizer, cfg, root, "head"))
     if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
+    return export_head(head, summary, cfg, root)
+
+
+def export_head(head, summary: dict, cfg, root: Path, section: str = "head") -> Path:
+    """Store a trained EAGLE head (published format, no embedding) at ``train.export.head`` with its card."""
+    from eagle2.heads.eagle_head import save_head
     from eagle2.training.data import tokens_by_frequency
 
     if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
@@ -175,25 +181,45 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     dtype = export_dtype(head, cfg.train.export.head_max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_head(head, root / cfg.train.export.head, dtype=dtype)
     _check_size(folder, cfg.train.export.head_max_mb)
-    _write_training_card(folder, "head", cfg, summary, dtype)
+    _write_training_card(folder, "head", cfg, summary, dtype, section)
     return folder
 
 
 def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     """Train the EAGLE-3 head (``train.eagle3``) and export it (official layout) to ``train.export.eagle3_head``."""
-    from eagle2.heads.eagle3_head import save_eagle3_head
-
     ecfg = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, ecfg, root / ecfg.out_dir,
                                       stop_after=ecfg.stop_after, **validation(target, tokenizer, cfg, root, "eagle3"))
     if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
         return None
+    return export_eagle3(head, summary, cfg, root)
+
+
+def export_eagle3(head, summary: dict, cfg, root: Path, section: str = "eagle3") -> Path:
+    """Store a trained EAGLE-3 head (official layout) at ``train.export.eagle3_head`` with its card."""
+    from eagle2.heads.eagle3_head import save_eagle3_head
+
     max_mb = cfg.train.export.eagle3_head_max_mb
     dtype = export_dtype(head, max_mb, cfg.train.export.get("dtype", "bfloat16"))
     folder = save_eagle3_head(head, root / cfg.train.export.eagle3_head, dtype=dtype)
     _check_size(folder, max_mb)
-    _write_training_card(folder, "eagle3", cfg, summary, dtype)
+    _write_training_card(folder, "eagle3", cfg, summary, dtype, section)
     return folder
+
+
+def joint_stage(target, tokenizer, cfg, root: Path) -> list[Path] | None:
+    """Train the EAGLE and EAGLE-3 heads together on one target forward per batch (``train.joint``: the loop's
+    settings; each head's own from ``train.head`` / ``train.eagle3``) and export both as their stages do."""
+    jcfg = cfg.train.joint
+    if jcfg.get("val_set", "corpus") == "mtbench":
+        raise ValueError("train.joint.val_set: corpus or a corpus folder (the MT-bench chain tau is per head: "
+                         "measure it with stage=eval)")
+    heads, summary = train_joint(target, root / cfg.train.corpus.out_dir, cfg.train, root / jcfg.out_dir,
+                                 stop_after=jcfg.stop_after, **validation(target, tokenizer, cfg, root, "joint"))
+    if summary["partial"] or not distributed.is_main():  # (several processes: rank 0 exports)
+        return None
+    return [export_head(heads["head"], summary, cfg, root, "joint"),
+            export_eagle3(heads["eagle3"], summary, cfg, root, "joint")]
 
 
 def draft_stage(target, cfg, root: Path) -> Path | None:
@@ -279,6 +305,8 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
         _say(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}")
     if "head" in stages:
         _say(f"[train_head] head exported to {head_stage(target, tokenizer, cfg, root)}")
+    if "joint" in stages:
+        _say(f"[train_head] EAGLE and EAGLE-3 heads exported to {joint_stage(target, tokenizer, cfg, root)}")
     if "eagle3" in stages:
         _say(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, tokenizer, cfg, root)}")
     if "draft" in stages:

@@ -18,7 +18,7 @@ from eagle2.training.data import Sequence, is_token_corpus, train_val_sequences
 from eagle2.training.loop import autocast_dtype, fit
 from eagle2.training.losses import LossProjection, draft_loss, head_loss
 from eagle2.training.models import new_head
-from eagle2.training.online import OnlineFeatures
+from eagle2.training.online import OnlineFeatures, body_dtype
 
 
 def loss_dtype(name: str) -> torch.dtype:
@@ -41,12 +41,23 @@ def _sequences(corpus_dir, cfg, val_seqs: list[Sequence] | None = None
     return train, (val if val_seqs is None else val_seqs), shards
 
 
-def _featurizer(target, corpus_dir, cfg, tap_layers=()) -> OnlineFeatures | None:
-    """Online features for a token corpus (``data.is_token_corpus``), in the training autocast dtype; None
-    for a feature corpus."""
+def featurizer(target, corpus_dir, cfg, tap_layers=()) -> OnlineFeatures | None:
+    """Online features for a token corpus (``data.is_token_corpus``), in the training autocast dtype, the
+    target's weights in ``cfg.target_dtype`` (``online.body_dtype``); None for a feature corpus."""
     if not is_token_corpus(corpus_dir):
         return None
-    return OnlineFeatures(target, tap_layers, autocast_dtype(cfg.get("autocast", "auto"), target.device))
+    return OnlineFeatures(target, tap_layers, autocast_dtype(cfg.get("autocast", "auto"), target.device),
+                          body_dtype(cfg.get("target_dtype", "auto"), target.device))
+
+
+def online_fingerprint(featurize: OnlineFeatures | None) -> dict:
+    """What a run's checkpoints record of its feature source: ``features: online`` and, when the target's
+    weights were cast for the forward, their dtype."""
+    if featurize is None:
+        return {}
+    cast = featurize.body is not featurize.target.base_model
+    return {"features": "online",
+            **({"target_dtype": str(next(featurize.body.parameters()).dtype).replace("torch.", "")} if cast else {})}
 
 
 def _cls_vocab(corpus_dir, cfg) -> torch.Tensor | None:
@@ -68,9 +79,8 @@ def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, val_seq
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
     head, loss_fn, extra = head_setup(target, cfg, _cls_vocab(corpus_dir, cfg))
-    featurize = _featurizer(target, corpus_dir, cfg)
-    if featurize is not None:
-        extra["features"] = "online"
+    featurize = featurizer(target, corpus_dir, cfg)
+    extra |= online_fingerprint(featurize)
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="head", fingerprint_extra=extra,
                   featurize=featurize, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
@@ -124,9 +134,8 @@ def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, 
     target.requires_grad_(False)
     train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
     head, loss_fn, extra = eagle3_setup(target, corpus_dir, cfg)
-    featurize = _featurizer(target, corpus_dir, cfg, head.feature_layers)
-    if featurize is not None:
-        extra["features"] = "online"
+    featurize = featurizer(target, corpus_dir, cfg, head.feature_layers)
+    extra |= online_fingerprint(featurize)
     summary = fit(head, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="eagle3", fingerprint_extra=extra,
                   featurize=featurize, **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
@@ -153,6 +162,30 @@ def eagle3_setup(target, corpus_dir: str | Path, cfg):
     extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
              "draft_vocab_size": head.draft_vocab_size, **({"step_decay": decay} if decay != 1.0 else {})}
     return head, loss_fn, extra
+
+
+def train_joint(target, corpus_dir: str | Path, train_cfg, out_dir: str | Path,
+                val_seqs: list[Sequence] | None = None, **kwargs) -> tuple[dict, dict]:
+    """Train an EAGLE head (``train_cfg.head``'s settings) and an EAGLE-3 head (``train_cfg.eagle3``'s) on the
+    same batches, one target forward each (``joint.py``); the loop's settings are ``train_cfg.joint``. Returns
+    ({"head": ..., "eagle3": ...}, summary); ``val_seqs`` and ``kwargs`` as for ``train_head``."""
+    from eagle2.training.joint import JointHeads, joint_loss
+
+    cfg = train_cfg.joint
+    target.requires_grad_(False)
+    train_seqs, val_seqs, shards = _sequences(corpus_dir, cfg, val_seqs)
+    torch.manual_seed(train_cfg.head.seed)  # each head starts as its own run would
+    head, head_fn, head_extra = head_setup(target, train_cfg.head, _cls_vocab(corpus_dir, train_cfg.head))
+    torch.manual_seed(train_cfg.eagle3.seed)
+    eagle3, eagle3_fn, eagle3_extra = eagle3_setup(target, corpus_dir, train_cfg.eagle3)
+    module = JointHeads({"head": head, "eagle3": eagle3}, primary=cfg.primary)
+    featurize = featurizer(target, corpus_dir, cfg, module.tap_layers())
+    extra = {"joint": {"head": head_extra, "eagle3": eagle3_extra}, **online_fingerprint(featurize)}
+    loss_fn = partial(joint_loss, losses={"head": head_fn, "eagle3": eagle3_fn})
+    summary = fit(module, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc="joint", fingerprint_extra=extra,
+                  featurize=featurize, **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
+    return {name: h.eval() for name, h in module.heads.items()}, summary
 
 
 def train_draft(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
