@@ -41,7 +41,8 @@ def test_joint_heads_end_where_their_own_runs_end(token_corpus, tmp_path):  # no
         mine, theirs = _weights(head), _weights(alone[name])
         assert mine.keys() == theirs.keys()
         for key in mine:
-            torch.testing.assert_close(mine[key], theirs[key], atol=1e-6, rtol=1e-5, msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
+            torch.testing.assert_close(mine[key], theirs[key], atol=1e-6, rtol=1e-5,
+                                       msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
     rows = [json.loads(line) for line in (tmp_path / "joint" / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if r["split"] == "train"][-1]
     assert last["top1"] == last["eagle3/top1"] and "head/top1" in last and "eagle3/top1_s2" in last

@@ -14,7 +14,8 @@ from eagle2.training.models import export_dtype
 from eagle2.training.train import train_draft, train_eagle3_head, train_head, train_joint
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
-EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers", "joint")  # run only when named (not part of ``all``)
+# run only when named (not part of ``all``)
+EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers", "joint")
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 DATA_PARALLEL_STAGES = ("head", "eagle3", "draft", "joint")  # the stages torchrun may run (rank 0 exports)
 
