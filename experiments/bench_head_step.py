@@ -1,5 +1,13 @@
-"""Benchmark: one EAGLE-head training step with the soft cross-entropy over the full vocabulary against the
-same step over the drafting vocabulary (``train.head.cls_vocab_size``), side by side, on SmolLM2.
+"""Benchmark: training steps of the draft heads on SmolLM2, two comparisons side by side.
+
+``--compare joint`` (the default): the EAGLE and the EAGLE-3 head both trained on the same batches, end to
+end (the target's teacher-forced forward included), the old way (each head its own forward, fp32 weights under
+the training autocast) against the joint step (``eagle2/training/joint.py``: one forward on the bf16 copy of
+the target's weights where native, both heads' steps after it); prints tokens/s of both heads per way and the
+median ratio.
+
+``--compare vocab``: one EAGLE-head step with the soft cross-entropy over the full vocabulary against the
+same step over the drafting vocabulary (``train.head.cls_vocab_size``).
 
 Batches are real conversations (the tracked self-instruct token shards, or ``--corpus``), featurized once by
 the target (online features; that forward is timed on its own, since it costs the same for either loss).
@@ -7,7 +15,7 @@ Each variant runs ``--steps`` optimizer steps per repetition, in alternating ord
 repetitions, under the training's own autocast and loss-dtype rules for this CPU; prints tokens/s per step
 for each and the median ratio. With ``--quality-steps N`` it also trains a fresh head N steps with each loss
 and prints the held-out top-1 (full-vocabulary agreement, fp32) of both at equal steps.
-Run: ``python -m experiments.bench_head_step``.
+Run: ``python -m experiments.bench_head_step [--compare vocab]``.
 """
 
 from __future__ import annotations
@@ -44,8 +52,68 @@ def _step(head, opt, loss_fn, batch, amp):
     opt.step()
 
 
+def _heads(target, vocab):
+    """Fresh EAGLE and EAGLE-3 heads with the SmolLM2 recipe's losses (drafting vocabulary ``vocab``)."""
+    from eagle2.training.losses import eagle3_loss
+    from eagle2.training.models import new_eagle3_head
+
+    torch.manual_seed(0)
+    ldt = loss_dtype("auto")
+    lm_head = target.get_output_embeddings()
+    head = new_head(target)
+    eagle3 = new_eagle3_head(target, vocab[:8192])
+    return {"head": (head, partial(head_loss, proj=LossProjection(lm_head, ldt, vocab), noise=0.1, w_reg=1.0,
+                                   w_cls=0.1)),
+            "eagle3": (eagle3, partial(eagle3_loss, proj=LossProjection(lm_head, ldt), unroll=3,
+                                       unroll_cls_fraction=0.5))}
+
+
+def compare_joint(target, raw, vocab, reps: int, amp) -> None:
+    """Both heads per batch: separate forwards (fp32 weights, autocast) vs one joint forward (bf16 body)."""
+    from eagle2.training.joint import JointHeads, joint_loss
+    from eagle2.training.online import body_dtype
+
+    heads = _heads(target, vocab)
+    taps = heads["eagle3"][0].feature_layers
+    old_feats = {"head": OnlineFeatures(target, (), amp), "eagle3": OnlineFeatures(target, taps, amp)}
+    joint = JointHeads({name: h for name, (h, _) in heads.items()}, primary="eagle3")
+    new_feats = OnlineFeatures(target, taps, amp, body_dtype("auto", torch.device("cpu")))
+    losses = {name: fn for name, (_, fn) in heads.items()}
+    opts = {name: torch.optim.AdamW([p for p in h.parameters() if p.requires_grad], lr=1e-4)
+            for name, (h, _) in heads.items()}
+    joint_opt = torch.optim.AdamW([p for p in joint.parameters() if p.requires_grad], lr=1e-4)
+
+    def old_way(batch):
+        for name, (head, fn) in heads.items():
+            _step(head, opts[name], fn, old_feats[name](collate(batch, "cpu")), amp)
+
+    def new_way(batch):
+        _step(joint, joint_opt, partial(joint_loss, losses=losses), new_feats(collate(batch, "cpu")), amp)
+
+    ways = {"separate": old_way, "joint": new_way}
+    for way in ways.values():
+        way(raw[0])  # warm-up
+    tokens = sum(sum(len(s.tokens) for s in b) for b in raw)
+    rates = {name: [] for name in ways}
+    for rep in range(reps):
+        for name in (list(ways) if rep % 2 == 0 else list(ways)[::-1]):
+            t0 = device_clock("cpu")
+            for b in raw:
+                ways[name](b)
+            rates[name].append(tokens / (device_clock("cpu") - t0))
+    print(f"CPU {cpu_kind()}, {torch.get_num_threads()} thread(s), autocast {amp}, joint forward weights "
+          f"{next(new_feats.body.parameters()).dtype}; {len(raw)} batches x {tokens // len(raw)} real tokens; "
+          f"both heads per batch, target forward included")
+    for name in ways:
+        print(f"  {name:>10}: {statistics.median(rates[name]):7.0f} tokens/s (reps: "
+              + ", ".join(f"{r:.0f}" for r in rates[name]) + ")")
+    ratios = [b / a for a, b in zip(rates["separate"], rates["joint"])]
+    print(f"  median ratio joint/separate: {statistics.median(ratios):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--compare", choices=("joint", "vocab"), default="joint")
     ap.add_argument("--corpus", default="artifacts/corpus/smollm2_conversations")
     ap.add_argument("--token-budget", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=4)
@@ -64,6 +132,10 @@ def main() -> None:
     amp = autocast_dtype("auto", torch.device("cpu"))
     featurize = OnlineFeatures(target, (), amp)
     raw, val = _batches(args.corpus, args.token_budget, args.steps * 2 + args.quality_steps)
+    if args.compare == "joint":
+        compare_joint(target, raw[: args.steps], tokens_by_frequency(args.corpus, limit=args.cls_vocab_size),
+                      args.reps, amp)
+        return
     t0 = device_clock("cpu")
     batches = [featurize(collate(b, "cpu")) for b in raw[: args.steps]]
     feat_s = (device_clock("cpu") - t0) / len(batches)
