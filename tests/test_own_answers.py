@@ -1,13 +1,14 @@
-"""Own answers (the EAGLE-3 recipe's data): each ShareGPT conversation's first prompt, cut from its token shard
-at the first answer span, answered by the real SmolLM2 through the batched engine exactly as a plain greedy
-loop answers it alone; the same shard layout (so the same held-out split); long prompts counted; resumable."""
+"""Own answers (the EAGLE-3 recipe's data): each ShareGPT conversation's user turns, cut from its token shard
+at the answer spans, answered by the real SmolLM2 through the batched engine turn by turn, each exactly as a
+plain greedy loop answers it alone after the target's own earlier answers; the same shard layout (so the same
+held-out split); long prompts counted; resumable."""
 
 from __future__ import annotations
 
 import torch
 
 from eagle2.prompts.chat import stop_ids
-from eagle2.training.own_answers import build_own_answer_shards, first_prompts
+from eagle2.training.own_answers import build_own_answer_shards, user_segments
 from eagle2.training.sharegpt import encode_with_spans
 from eagle2.training.token_shards import read_token_shard, write_token_shard
 
@@ -43,16 +44,23 @@ def test_first_turns_are_answered_as_a_greedy_loop_answers_them_alone(smollm2, t
     stops = stop_ids(tok)
     totals = build_own_answer_shards(model, source, out, stops=stops, max_prompt_tokens=200, max_new_tokens=12,
                                      batch_size=2)
-    assert totals["prompt_too_long"] == 1 and totals["conversations"] == 3
+    assert totals["prompt_too_long"] == 1 and totals["conversations"] == 3 and totals["turns"] == 4
     made = [read_token_shard(out / f"tokens_0000{k}.npz") for k in (0, 1)]
     assert [m["conversations"] for _, m in made] == [[{"id": "a"}, {"id": "b"}], [{"id": "c"}]]
     answered = made[0][0] + made[1][0]
-    for (ids, spans), prompt in zip(answered, first_prompts(convs[:3])):
-        assert ids[: len(prompt)] == prompt and spans == [(len(prompt), len(ids))]
-        assert prompt[-3:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"][-3:]
-        assert ids[len(prompt):] == _greedy_alone(model, prompt, stops, 12)
-    # the second conversation's second turn is not regenerated: its prompt ends before the first answer
-    assert len(answered[1][0]) < len(convs[1][0])
+    for (ids, spans), conv in zip(answered, convs[:3]):
+        segments = user_segments(conv)
+        assert len(spans) == len(segments)  # every turn answered (each earlier answer ended in a stop token)
+        context = []
+        for segment, (a, b) in zip(segments, spans):
+            prompt = context + segment
+            assert ids[:a] == prompt and segment[-3:] == tok("<|im_start|>assistant\n",
+                                                               add_special_tokens=False)["input_ids"][-3:]
+            assert ids[a:b] == _greedy_alone(model, prompt, stops, 12)
+            assert ids[b - 1] in stops or b == spans[-1][1]  # only the last answer may be cut
+            context = ids[:b]
+    # the second turn follows the target's own first answer, not the dataset's
+    assert answered[1][0][: answered[1][1][0][1]] != convs[1][0][: convs[1][1][0][1]]
     written = (out / "tokens_00000.npz").stat().st_mtime_ns
     assert build_own_answer_shards(model, source, out, stops=stops, max_prompt_tokens=200, max_new_tokens=12,
                                    batch_size=2, shards=1)["conversations"] == 2

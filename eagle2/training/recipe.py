@@ -80,7 +80,7 @@ def sharegpt_stage(tokenizer, sg_cfg, root: Path) -> Path:
 
 
 def own_answers_stage(target, tokenizer, cfg, root: Path) -> Path:
-    """The target's greedy answers to the first turns of the ShareGPT token shards (``train.own_answers``)."""
+    """The target's greedy answers to the user turns of the ShareGPT token shards (``train.own_answers``)."""
     from eagle2.prompts.chat import stop_ids
     from eagle2.training.own_answers import build_own_answer_shards
 
@@ -88,8 +88,9 @@ def own_answers_stage(target, tokenizer, cfg, root: Path) -> Path:
     out = root / c.out_dir
     totals = build_own_answer_shards(target, root / c.source, out, stops=stop_ids(tokenizer, c.stop_tokens),
                                      max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
-                                     batch_size=c.batch_size, shards=c.shards)
-    print(f"[own_answers] {totals['conversations']} answers, {totals['tokens']} tokens ({totals['answer_tokens']} "
+                                     batch_size=c.batch_size, shards=c.shards, max_turns=c.get("max_turns"),
+                                     max_context_tokens=c.get("max_context_tokens", 1024))
+    print(f"[own_answers] {totals['conversations']} conversations ({totals['turns']} turns), {totals['tokens']} tokens ({totals['answer_tokens']} "
           f"answer), {totals['prompt_too_long']} prompts too long, {totals['seconds']:.0f} s decoding", flush=True)
     return out
 
