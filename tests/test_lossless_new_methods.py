@@ -1,4 +1,5 @@
-"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch) and the oracle are lossless by the
+"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch), the oracle, Lookahead decoding (its
+Jacobi window riding as non-candidate nodes) and Token Recycling are lossless by the
 project's own certifications, reused here (``test_greedy``, ``test_certification``,
 ``test_certification_exact``):
 
@@ -31,6 +32,10 @@ GREEDY_METHODS = {
     "pld_tree": {"name": "pld", "k": 3, "max_ngram": 2, "min_ngram": 1, "branches": 3},
     "hybrid": {"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 10, "lookup_branch": True},
     "oracle": {"name": "oracle", "depth": 4},
+    "lookahead": {"name": "lookahead", "window": 4, "ngram": 3, "guess_set": 4},
+    "lookahead_pooled": {"name": "lookahead", "window": 4, "ngram": 4, "guess_set": 4, "pool_from_prompt": True},
+    "token_recycling": {"name": "token_recycling", "top_k": 4,
+                        "choices": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]},
 }
 # the exact window is 3 tokens: drafts at most 2 deep
 SAMPLED_METHODS = {
@@ -38,6 +43,9 @@ SAMPLED_METHODS = {
     "pld_tree": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 2},
     "hybrid": {"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_branch": True, "lookup_k": 2},
     "oracle": {"name": "oracle", "depth": 2},
+    # the pool from the prompt: a candidate in the enumerated round (the window alone fills it later)
+    "lookahead": {"name": "lookahead", "window": 2, "ngram": 3, "guess_set": 2, "pool_from_prompt": True},
+    "token_recycling": {"name": "token_recycling", "top_k": 3, "choices": [[0], [1], [0, 0]]},
 }
 
 
@@ -72,6 +80,8 @@ def test_round_is_exactly_lossless(exact, name, params):
     diff, full = exact(SAMPLED_METHODS[name], params)
     print(f"{name} {params}: max abs diff {diff:.2e}, P(bonus after full acceptance) {full:.3f}")
     assert diff < exact_cert.PASS_DIFF
+    if name == "lookahead" and params != cert.PARAMS[0]:  # its one candidate (the prompt's 2-gram after 2)
+        return  # lies outside top-p 0.9 / top-k 6 there: never accepted; at T=1 the full case is checked
     assert full > exact_cert.MIN_FULL  # a fully accepted draft and its bonus are inside the window
 
 
