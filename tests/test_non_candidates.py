@@ -69,7 +69,8 @@ def count_accepted_non_candidates(monkeypatch, target, params: SamplingParams, b
     drafters = [WindowRider(decode(target, {"name": "plain"}, p, N_TOKENS).output_ids, vocab) for p in PROMPTS]
     gens = [torch.Generator().manual_seed(i) for i in range(len(PROMPTS))]
     if batched:
-        queue = deque(BatchRequest(p, d, N_TOKENS, g, key=i) for i, (p, d, g) in enumerate(zip(PROMPTS, drafters, gens)))
+        queue = deque(BatchRequest(p, d, N_TOKENS, g, key=i)
+                      for i, (p, d, g) in enumerate(zip(PROMPTS, drafters, gens)))
         finished = {}
         BatchEngine(target, params, set(), len(PROMPTS)).run(queue, lambda r: finished.update({r.request.key: r}))
         outputs = [finished[i].output.output_ids for i in range(len(PROMPTS))]

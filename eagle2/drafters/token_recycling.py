@@ -49,12 +49,16 @@ class TokenRecyclingDrafter:
         self.unseeded = (list(prompt_ids), prompt_hidden)
 
     def _recycle(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        """Rows ``tokens`` (N,) of the matrix become the top-k of ``logits`` (N, V)."""
-        rows = tokens.to(self.device)
-        top = logits.float().log_softmax(-1).topk(self.top_k, dim=-1)
-        self.successors[rows] = top.indices
-        self.log_conf[rows] = top.values
-        self.known[rows] = True
+        """Rows ``tokens`` (N,) of the matrix become the top-k of ``logits`` (N, V), the last occurrence's for a
+        token that occurs twice."""
+        rows, order = tokens.to(self.device), torch.arange(len(tokens), device=self.device)
+        last = torch.zeros(self.vocab_size, dtype=torch.long, device=self.device)
+        last.scatter_reduce_(0, rows, order, "amax", include_self=False)
+        pick = last[rows] == order  # a repeated token's last position wins (repeated writes are unordered on GPUs)
+        top = logits[pick].float().log_softmax(-1).topk(self.top_k, dim=-1)
+        self.successors[rows[pick]] = top.indices
+        self.log_conf[rows[pick]] = top.values
+        self.known[rows[pick]] = True
 
     def observe_target(self, tree: DraftTree, target_logits: torch.Tensor) -> None:
         self._recycle(tree.tokens, target_logits)
