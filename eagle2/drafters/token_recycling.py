@@ -41,6 +41,7 @@ class TokenRecyclingDrafter:
         depths = self.depth.tolist()
         self.layers = [(depths.index(d), len(depths) - depths[::-1].index(d)) for d in sorted(set(depths))]
         self.lm_head, self.vocab_size, self.device, self.top_k = lm_head, vocab_size, device, top_k
+        self.template_on_device = (self.parent.to(device), self.rank.to(device))
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
         self.successors = torch.zeros(self.vocab_size, self.top_k, dtype=torch.long, device=self.device)
@@ -75,7 +76,7 @@ class TokenRecyclingDrafter:
         tokens = torch.empty(n, dtype=torch.long, device=self.device)
         log_conf = torch.empty(n, device=self.device)
         valid = torch.empty(n, dtype=torch.bool, device=self.device)
-        parent, rank = self.parent.to(self.device), self.rank.to(self.device)
+        parent, rank = self.template_on_device
         for first, end in self.layers:  # depth by depth: parents are filled before their children
             if first == 0:
                 parent_tokens = torch.full((end,), root, device=self.device)
