@@ -108,3 +108,22 @@ def test_chi_square_rejects_always_accept(models, monkeypatch):
     params = cert.PARAMS[0]
     counts = cert.sample_counts(target, SAMPLED_METHODS["pld_tree"], params, 2500, seed=21, head=head)
     assert cert.chi_square_p(counts, cert.exact_distribution(target, params)) < cert.REJECT_P
+
+
+@pytest.mark.slow  # minutes on a busy 2-core machine: SmolLM2 through run.py
+@pytest.mark.parametrize("name", ["lookahead", "token_recycling"])
+def test_smollm2_first_question_equals_plain_batch_1_and_2(tmp_path, smollm2, name):
+    """run.py's path on the real model in fp32 (the methods' default settings): MT-bench's first question
+    (both turns) token-identical to plain decoding, at batch 1 and batch 2 (``python -m eagle2.identity``
+    over the six benchmarks' first questions is the wider measurement)."""
+    from eagle2.bench.runner import run
+    from tests.test_runner import config, rows
+
+    outputs = {}
+    for method, batch in (("plain", 1), (name, 1), (name, 2)):
+        run(config(f"method={method}", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=24", "threads=1",
+                   "model.dtype=float32", f"batch_size={batch}", f"paths.results={tmp_path}"))
+    for r in rows(tmp_path):
+        outputs.setdefault((r["method"], r["batch_size"]), {})[(r["question_id"], r["turn"])] = r["output_ids"]
+    assert len(outputs["plain", 1]) == 2
+    assert outputs[name, 1] == outputs["plain", 1] and outputs[name, 2] == outputs["plain", 1]
