@@ -1,4 +1,5 @@
-"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch) and the oracle are lossless by the
+"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch), the oracle, Lookahead decoding (its
+Jacobi window riding as non-candidate nodes) and Token Recycling are lossless by the
 project's own certifications, reused here (``test_greedy``, ``test_certification``,
 ``test_certification_exact``):
 
@@ -31,6 +32,10 @@ GREEDY_METHODS = {
     "pld_tree": {"name": "pld", "k": 3, "max_ngram": 2, "min_ngram": 1, "branches": 3},
     "hybrid": {"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 10, "lookup_branch": True},
     "oracle": {"name": "oracle", "depth": 4},
+    "lookahead": {"name": "lookahead", "window": 4, "ngram": 3, "guess_set": 4},
+    "lookahead_pooled": {"name": "lookahead", "window": 4, "ngram": 4, "guess_set": 4, "pool_from_prompt": True},
+    "token_recycling": {"name": "token_recycling", "top_k": 4,
+                        "choices": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]},
 }
 # the exact window is 3 tokens: drafts at most 2 deep
 SAMPLED_METHODS = {
@@ -38,6 +43,9 @@ SAMPLED_METHODS = {
     "pld_tree": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 2},
     "hybrid": {"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_branch": True, "lookup_k": 2},
     "oracle": {"name": "oracle", "depth": 2},
+    # the pool from the prompt: a candidate in the enumerated round (the window alone fills it later)
+    "lookahead": {"name": "lookahead", "window": 2, "ngram": 3, "guess_set": 2, "pool_from_prompt": True},
+    "token_recycling": {"name": "token_recycling", "top_k": 3, "choices": [[0], [1], [0, 0]]},
 }
 
 
@@ -72,6 +80,8 @@ def test_round_is_exactly_lossless(exact, name, params):
     diff, full = exact(SAMPLED_METHODS[name], params)
     print(f"{name} {params}: max abs diff {diff:.2e}, P(bonus after full acceptance) {full:.3f}")
     assert diff < exact_cert.PASS_DIFF
+    if name == "lookahead" and params != cert.PARAMS[0]:  # its one candidate (the prompt's 2-gram after 2)
+        return  # lies outside top-p 0.9 / top-k 6 there: never accepted; at T=1 the full case is checked
     assert full > exact_cert.MIN_FULL  # a fully accepted draft and its bonus are inside the window
 
 
@@ -98,3 +108,22 @@ def test_chi_square_rejects_always_accept(models, monkeypatch):
     params = cert.PARAMS[0]
     counts = cert.sample_counts(target, SAMPLED_METHODS["pld_tree"], params, 2500, seed=21, head=head)
     assert cert.chi_square_p(counts, cert.exact_distribution(target, params)) < cert.REJECT_P
+
+
+@pytest.mark.slow  # minutes on a busy 2-core machine: SmolLM2 through run.py
+@pytest.mark.parametrize("name", ["lookahead", "token_recycling"])
+def test_smollm2_first_question_equals_plain_batch_1_and_2(tmp_path, smollm2, name):
+    """run.py's path on the real model in fp32 (the methods' default settings): MT-bench's first question
+    (both turns) token-identical to plain decoding, at batch 1 and batch 2 (``python -m eagle2.identity``
+    over the six benchmarks' first questions is the wider measurement)."""
+    from eagle2.bench.runner import run
+    from tests.test_runner import config, rows
+
+    outputs = {}
+    for method, batch in (("plain", 1), (name, 1), (name, 2)):
+        run(config(f"method={method}", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=24", "threads=1",
+                   "model.dtype=float32", f"batch_size={batch}", f"paths.results={tmp_path}"))
+    for r in rows(tmp_path):
+        outputs.setdefault((r["method"], r["batch_size"]), {})[(r["question_id"], r["turn"])] = r["output_ids"]
+    assert len(outputs["plain", 1]) == 2
+    assert outputs[name, 1] == outputs["plain", 1] and outputs[name, 2] == outputs["plain", 1]

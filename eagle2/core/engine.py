@@ -159,6 +159,8 @@ def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, cl
     verifier.commit(kept)  # 4. commit: caches keep the accepted paths; each drafter hears what was accepted
     for row, seq in seqs.items():
         (path, bonus), tree, drafter = accepted[row], trees[row], seq.drafter
+        if hasattr(drafter, "observe_target"):  # the target's logits at every node it proposed, non-candidates too
+            drafter.observe_target(tree, logits[row])
         new = tree.tokens[path].tolist() + [bonus]  # one read, not one per accepted node
         drafter.observe(new, features[row, kept[row]] if drafter.needs_hidden else None)
         seq.out.extend(new)

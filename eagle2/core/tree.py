@@ -10,6 +10,12 @@ depth), and root-to-leaf paths. ``q_draft`` (N, V) holds, for stochastic drafts,
 each node's token was sampled from; when it is None the children were chosen deterministically
 (EAGLE's top-k expansion). ``records`` optionally carries per-node logs of every drafted node
 (including ones not kept for verification); the engine fills in acceptance.
+
+Non-candidate nodes (``candidate`` False) ride in the verify forward with the same ancestor mask and
+positions but are never accepted: ``children``, the only view of the tree the acceptance rule reads, lists
+candidates only, and a candidate must descend from candidates alone. A drafter reads the target's outputs
+at them through its ``observe_target`` hook (``eagle2.drafters.base``); Lookahead decoding's Jacobi window
+is such a set of nodes.
 """
 
 from __future__ import annotations
@@ -34,17 +40,24 @@ class DraftTree:
     q_draft: torch.Tensor | None = None  # (N, V) distribution node i was sampled from (stochastic drafts)
     records: dict | None = None  # per drafted node: depth, rank, confidence, value, tree_index
     meta: dict = field(default_factory=dict)  # per-round facts a drafter wants logged (e.g. budget)
+    candidate: torch.Tensor | None = None  # (N,) bool: False marks a node verified but never accepted; None: all
 
     def __post_init__(self):
         parents = self.parents.tolist()
         if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
             raise ValueError("DraftTree needs parents[0] == -1 and 0 <= parents[i] < i for every other node")
         self._parents = parents
+        candidate = [True] * len(parents) if self.candidate is None else self.candidate.tolist()
+        if len(candidate) != len(parents) or not candidate[0]:
+            raise ValueError("DraftTree.candidate needs one flag per node, the root's True")
         depth = [0] * len(parents)
-        children: list[list[int]] = [[] for _ in parents]
+        children: list[list[int]] = [[] for _ in parents]  # candidate children only: what acceptance sees
         for i in range(1, len(parents)):
             depth[i] = depth[parents[i]] + 1
-            children[parents[i]].append(i)
+            if candidate[i]:
+                if not candidate[parents[i]]:
+                    raise ValueError(f"DraftTree node {i} is a candidate under a non-candidate node")
+                children[parents[i]].append(i)
         self._depth = depth
         self.children = children
 
@@ -83,10 +96,14 @@ class DraftTree:
     def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
         return (self.depths + prefix_len)[None].to(device)
 
+    def non_candidates(self) -> list[int]:
+        """Indices of the nodes that are verified but never accepted."""
+        return [] if self.candidate is None else (~self.candidate).nonzero().flatten().tolist()
+
     def paths(self) -> list[list[int]]:
-        """Root-to-leaf node-index paths."""
-        out = []
-        for leaf in (i for i, ch in enumerate(self.children) if not ch):
+        """Root-to-leaf node-index paths through candidate nodes."""
+        out, excluded = [], set(self.non_candidates())
+        for leaf in (i for i, ch in enumerate(self.children) if not ch and i not in excluded):
             path = [leaf]
             while self._parents[path[-1]] != -1:
                 path.append(self._parents[path[-1]])

@@ -20,6 +20,9 @@ class Drafter(Protocol):
     # absent or None: the target's last hidden states after the final norm
     # its own model forwards for the time breakdown: ``spans`` (``eagle2.core.clock.Spans``, no syncs) when it
     # runs a model, else ``forward_time: float`` seconds (0.0 for drafters without forwards)
+    # optional ``observe_target(tree, target_logits)``: after each verify, the tree it proposed and the
+    # target's logits (N, V) at every node, non-candidate nodes (``DraftTree.candidate``) included, on the
+    # target's device: how Lookahead reads its Jacobi window and Token Recycling its top-k candidates
 
     def start(self, prompt_ids: list[int], first_token: int, prompt_hidden: torch.Tensor | None) -> None:
         """After prefill: the prompt, the first generated token, and (if ``needs_hidden``) the prompt's
