@@ -90,8 +90,9 @@ def own_answers_stage(target, tokenizer, cfg, root: Path) -> Path:
                                      max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
                                      batch_size=c.batch_size, shards=c.shards, max_turns=c.get("max_turns"),
                                      max_context_tokens=c.get("max_context_tokens", 1024))
-    print(f"[own_answers] {totals['conversations']} conversations ({totals['turns']} turns), {totals['tokens']} tokens ({totals['answer_tokens']} "
-          f"answer), {totals['prompt_too_long']} prompts too long, {totals['seconds']:.0f} s decoding", flush=True)
+    print(f"[own_answers] {totals['conversations']} conversations ({totals['turns']} turns), {totals['tokens']} "
+          f"tokens ({totals['answer_tokens']} answer), {totals['prompt_too_long']} prompts too long, "
+          f"{totals['seconds']:.0f} s decoding", flush=True)
     return out
 
 
