@@ -10,6 +10,11 @@ length with any match wins; up to ``max_matches`` occurrences (suffix-array orde
 next entry); every prefix of a continuation is counted, and the ``choices`` most frequent prefixes form
 the draft trie. Saved as one ``.npz`` (``tokens`` int32, ``suffixes`` int32, ``depth``; no pickles).
 Knows nothing about models; the build from a corpus is ``eagle2.training.datastore``.
+
+Why not the authors' ``draftretriever`` (PyPI 0.1.1, a Rust extension): it returns the trie without its
+counts (no per-node confidence, no best-first siblings), the released wheel differs from the repository's
+source (another ``Writer`` signature, ``long`` + 1 tokens retrieved), a one-token query aborts the Python
+process (a Rust panic), and it ships for CPython 3.11 on x86-64 Linux only.
 """
 
 from __future__ import annotations
