@@ -1,4 +1,4 @@
-"""REST and SuffixDecoding are lossless by the project's own certifications, reused as for PLD
+"""REST, SuffixDecoding and SAMD are lossless by the project's own certifications, reused as for PLD
 (``test_lossless_new_methods``):
 
 - temperature 0: token-identical to plain decoding in fp32 on tiny random models with drafts really
@@ -27,21 +27,23 @@ exact = exact_cert.exact
 GREEDY_METHODS = {
     "rest": {"name": "rest", "max_span": 16, "min_span": 1, "max_matches": 5000, "continuation": 10, "num_draft": 16},
     "suffix": {"name": "suffix", "max_depth": 24, "alpha": 1.0, "max_spec": 16, "min_prob": 0.1},
+    "samd": {"name": "samd", "depth": 4, "top_k": 4, "total_tokens": 10, "min_span": 1},
 }
 # the exact window is 3 tokens: drafts at most 2 deep (suffix: a depth-3 tree holds a 1-token match and 2 more)
 SAMPLED_METHODS = {
     "rest": {"name": "rest", "max_span": 4, "min_span": 1, "max_matches": 50, "continuation": 2, "num_draft": 6},
     "suffix": {"name": "suffix", "max_depth": 3, "alpha": 4.0, "max_spec": 6, "min_prob": 0.0},
+    "samd": {"name": "samd", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_k": 2, "min_span": 1},
 }
 
 
 def greedy_mismatches(tiny, method: dict) -> tuple[int, int]:
     """(turns differing from plain decoding, drafted tokens accepted) over the three prompts, 40 tokens."""
-    target = tiny[0]
+    target, _, head = tiny
     mismatches = accepted = 0
     for prompt in PROMPTS:
         ref = decode(target, {"name": "plain"}, prompt, 40).output_ids
-        out = decode(target, method, prompt, 40)
+        out = decode(target, method, prompt, 40, head=head)
         mismatches += out.output_ids != ref
         accepted += sum(out.accept_lengths) - out.target_forwards
     return mismatches, accepted

@@ -154,3 +154,13 @@ def test_a_missing_datastore_is_one_line_naming_the_build(tmp_path):
     with pytest.raises(ConfigError, match=r"python -m eagle2\.training\.datastore --corpus chat --out") as err:
         WEIGHT_LOADERS["rest_datastore"](str(tmp_path / "none.npz"), None)
     assert "\n" not in str(err.value)
+
+
+def test_samd_chain_prefers_the_longer_match_then_the_most_frequent_tokens():
+    from eagle2.drafters.samd import RetrievedChain
+
+    store = Datastore.from_entries([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6], [7, 8, 9]], depth=8)
+    source = RetrievedChain(store, k=3, min_span=1)
+    assert source([0, 1, 2]) == [[3, 4]]  # the corpus: "1 2" followed by 3 4 (twice) and 5 6
+    assert source([0, 1, 2, 7, 0, 1]) == [[2, 7, 0]]  # the context's "0 1" (2 tokens) beats the corpus's "1"
+    assert source([0, 1, 2, 7, 0, 1, 11]) == []  # "11" nowhere before
