@@ -1,6 +1,6 @@
-"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch) and the oracle are lossless by the
-project's own certifications, reused here (``test_greedy``, ``test_certification``,
-``test_certification_exact``):
+"""PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch), the oracle and the retrieval drafters
+(REST, SuffixDecoding, SAMD) are lossless by the project's own certifications, reused here
+(``test_greedy``, ``test_certification``, ``test_certification_exact``):
 
 - temperature 0: token-identical to plain decoding in fp32 on tiny random models, with drafts really
   accepted (each method's accepted-draft count is asserted); a top-2 acceptance rule breaks it;
@@ -31,13 +31,21 @@ GREEDY_METHODS = {
     "pld_tree": {"name": "pld", "k": 3, "max_ngram": 2, "min_ngram": 1, "branches": 3},
     "hybrid": {"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 10, "lookup_branch": True},
     "oracle": {"name": "oracle", "depth": 4},
+    # REST retrieves from tests.conftest.shared_rest_datastore: the target's own greedy continuations and random
+    # sequences (tests/test_lossless_retrieval.py: SmolLM2 with a real corpus)
+    "rest": {"name": "rest", "max_span": 16, "min_span": 1, "max_matches": 5000, "continuation": 10, "num_draft": 16},
+    "suffix": {"name": "suffix", "max_depth": 24, "alpha": 1.0, "max_spec": 16, "min_prob": 0.1},
+    "samd": {"name": "samd", "depth": 4, "top_k": 4, "total_tokens": 10, "min_span": 1},
 }
-# the exact window is 3 tokens: drafts at most 2 deep
+# the exact window is 3 tokens: drafts at most 2 deep (suffix: a depth-3 tree holds a 1-token match and 2 more)
 SAMPLED_METHODS = {
     "pld": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 1},
     "pld_tree": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 2},
     "hybrid": {"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_branch": True, "lookup_k": 2},
     "oracle": {"name": "oracle", "depth": 2},
+    "rest": {"name": "rest", "max_span": 4, "min_span": 1, "max_matches": 50, "continuation": 2, "num_draft": 6},
+    "suffix": {"name": "suffix", "max_depth": 3, "alpha": 4.0, "max_spec": 6, "min_prob": 0.0},
+    "samd": {"name": "samd", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_k": 2, "min_span": 1},
 }
 
 
@@ -60,7 +68,7 @@ def test_greedy_equals_plain(tiny, name):
     assert accepted > 20  # drafts were really accepted (lookup matches, oracle continuations)
 
 
-@pytest.mark.parametrize("name", ["pld", "hybrid"])
+@pytest.mark.parametrize("name", ["pld", "hybrid", "rest", "suffix", "samd"])
 def test_greedy_identity_rejects_top2_rule(tiny, monkeypatch, name):
     monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
     assert greedy_mismatches(tiny, GREEDY_METHODS[name])[0] > 0
