@@ -151,7 +151,7 @@ def test_a_missing_datastore_is_one_line_naming_the_build(tmp_path):
     from eagle2.bench.runner import WEIGHT_LOADERS
     from eagle2.bench.validation import ConfigError
 
-    with pytest.raises(ConfigError, match=r"python -m eagle2\.training\.datastore --corpus chat --out") as err:
+    with pytest.raises(ConfigError, match=r"python -m experiments\.build_datastore --corpus chat --out") as err:
         WEIGHT_LOADERS["rest_datastore"](str(tmp_path / "none.npz"), None)
     assert "\n" not in str(err.value)
 

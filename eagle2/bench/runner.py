@@ -82,7 +82,7 @@ def _load_rest_datastore(location, target):
     from eagle2.drafters.retrieval import Datastore
 
     if not Path(location).is_file():
-        raise ConfigError(f"no REST datastore at {location}: build it with `python -m eagle2.training.datastore "
+        raise ConfigError(f"no REST datastore at {location}: build it with `python -m experiments.build_datastore "
                           f"--corpus chat --out {location}` (or --corpus code)")
     return Datastore.load(location)
 

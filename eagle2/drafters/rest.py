@@ -7,7 +7,7 @@ defaults: spans 16..2, 5000 matches, 10 tokens, 64 nodes).
 Nodes are chosen deterministically, so at temperature > 0 they are accepted by the rule for
 deterministically chosen siblings (``eagle2.core.accept``): lossless at any temperature. A node's
 confidence is its count over its parent's. The datastore is drafter data of the model (``model.rest_datastore``,
-built by ``python -m eagle2.training.datastore``) and loaded once per run.
+built by ``python -m experiments.build_datastore``) and loaded once per run.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
-"""Build a REST datastore (``eagle2.drafters.retrieval``) from a corpus, cached under ``artifacts/work/rest/``:
-
-    python -m eagle2.training.datastore --corpus chat   # token shards: ShareGPT's if built, else the shipped corpus
-    python -m eagle2.training.datastore --corpus code   # data/train/code_alpaca_2k.json.gz, the model's tokenizer
+"""REST datastores (``eagle2.drafters.retrieval``) from a corpus; ``python -m experiments.build_datastore``
+builds and caches them under ``artifacts/work/rest/`` (it loads the model's tokenizer, which this layer does not).
 
 ``chat`` takes whole conversations from token shards (``eagle2.training.token_shards``; ``--shards`` names
 the folders, default ``artifacts/work/sharegpt/tokens`` (``train_head.py train=sharegpt stage=sharegpt``)
 when it exists, else ``artifacts/corpus/smollm2_conversations``); ``code`` takes each record's
 instruction (with its input) and its answer as two entries, as the authors add each message of a
 conversation. Benchmark questions are not in either (the ShareGPT shards drop them; Code Alpaca shares
-none). An existing datastore is kept unless ``--rebuild``.
+none).
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from tqdm import tqdm
@@ -52,17 +49,6 @@ def code_entries(tokenizer, path: Path = CODE_RECORDS):
             yield tokenizer.encode(text, add_special_tokens=False)
 
 
-def model_tokenizer(model: str):
-    from hydra import compose, initialize_config_dir
-    from transformers import AutoTokenizer
-
-    from eagle2.bench.models import load_pretrained, weights_location
-
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"model={model}"])
-    return load_pretrained(AutoTokenizer, weights_location(cfg.model))
-
-
 def build_datastore(entries, out: Path, depth: int = 16) -> Path:
     entries = list(entries)
     print(f"[datastore] sorting the suffixes of {len(entries):,} entries ...", flush=True)
@@ -70,26 +56,3 @@ def build_datastore(entries, out: Path, depth: int = 16) -> Path:
     store.save(out)
     print(f"[datastore] {len(store):,} tokens -> {out}", flush=True)
     return out
-
-
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", choices=("chat", "code"), required=True)
-    parser.add_argument("--model", default="smollm2", help="its tokenizer (code) and the default file name")
-    parser.add_argument("--shards", action="append", type=Path, help="token-shard folder(s) for --corpus chat")
-    parser.add_argument("--out", type=Path, help="default: artifacts/work/rest/<model>-<corpus>.npz")
-    parser.add_argument("--depth", type=int, default=16, help="longest query (REST's max_span)")
-    parser.add_argument("--rebuild", action="store_true")
-    args = parser.parse_args(argv)
-    out = args.out or default_out(args.model, args.corpus)
-    if out.is_file() and not args.rebuild:
-        print(f"[datastore] {out} exists (--rebuild to build it again)")
-        return out
-    if args.corpus == "chat":
-        folders = args.shards or [SHAREGPT_SHARDS if SHAREGPT_SHARDS.is_dir() else SHIPPED_SHARDS]
-        return build_datastore(chat_entries(folders), out, args.depth)
-    return build_datastore(code_entries(model_tokenizer(args.model)), out, args.depth)
-
-
-if __name__ == "__main__":
-    main()
