@@ -14,8 +14,6 @@ tree (``eagle2.drafters.suffix_tree``, windows of ``max_depth``), the corpus the
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle2_dynamic import build as build_eagle2
 from eagle2.drafters.retrieval import Datastore, top_prefixes
@@ -56,7 +54,7 @@ class RetrievedChain:
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:
-    drafter = build_eagle2(OmegaConf.merge(method_cfg, {"lookup_branch": False}), target, params, generator, weights)
+    drafter = build_eagle2(method_cfg, target, params, generator, weights)  # samd.yaml has no lookup_branch
 
     def get(key, default):
         value = method_cfg.get(key)
