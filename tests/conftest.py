@@ -117,3 +117,36 @@ def nan_empty(monkeypatch):
         return out.fill_(float("nan")) if out.is_floating_point() else out
 
     monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)
+
+
+_DATASTORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def shared_rest_datastore(target):
+    """One REST datastore per target object: the target's own greedy continuation (24 tokens) of each of
+    the first 16 one-token prompts, so that retrieved drafts are often right, and as many random
+    sequences, so that they are often wrong too."""
+    from eagle2.drafters.retrieval import Datastore
+
+    if target not in _DATASTORES:
+        vocab, gen, entries = target.config.vocab_size, torch.Generator().manual_seed(7), []
+        with torch.no_grad():
+            for first in range(min(vocab, 16)):
+                ids = torch.tensor([[first]], device=target.device)
+                for _ in range(24):
+                    ids = torch.cat([ids, target(ids).logits[:, -1:].argmax(-1)], dim=1)
+                entries += [ids[0].tolist(), torch.randint(vocab, (24,), generator=gen).tolist()]
+        _DATASTORES[target] = Datastore.from_entries(entries)
+    return _DATASTORES[target]
+
+
+def shared_drafter_weights(target, method=None) -> dict:
+    """The drafter data tests share per target that no fixture passes by name (an EAGLE-3 head, a REST
+    datastore): the kinds ``method`` (a method config) needs, or all of them."""
+    from omegaconf import OmegaConf
+
+    from eagle2.results.method_spec import method_spec
+
+    makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore}
+    needed = makers if method is None else method_spec(OmegaConf.create(method)).weights
+    return {kind: makers[kind](target) for kind in needed if kind in makers}

@@ -20,7 +20,7 @@ import eagle2.core.batch_engine as batch_engine
 import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
-from tests.conftest import shared_eagle3_head
+from tests.conftest import shared_drafter_weights
 from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
 from tests.test_lossless_new_methods import GREEDY_METHODS
 from tests.test_medusa import tiny_medusa
@@ -36,7 +36,7 @@ N = 30
 @pytest.fixture(scope="module")
 def weights(tiny):
     target, draft, head = tiny
-    return {"head": head, "sps_draft": draft, "eagle3_head": shared_eagle3_head(target),
+    return {"head": head, "sps_draft": draft, **shared_drafter_weights(target),
             "medusa_head": tiny_medusa(target, num_heads=3)}
 
 

@@ -24,7 +24,7 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.accept import accept_stochastic
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
-from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, shared_drafter_weights, tiny_head, tiny_llama
 from tests.devices import device_params, on
 from tests.sampling_reference import reference_for
 
@@ -80,10 +80,9 @@ def exact_distribution(target, params: SamplingParams) -> torch.Tensor:
 def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, head=None) -> torch.Tensor:
     counts = torch.zeros(VOCAB**N_TOKENS)
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    cfg = OmegaConf.create(method)
+    cfg, weights = OmegaConf.create(method), shared_drafter_weights(target, method)
     for _ in range(n):
-        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft,
-                                weights={"eagle3_head": shared_eagle3_head(target)})
+        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft, weights=weights)
         out = engine.generate(target, drafter, PROMPT, params, N_TOKENS, set(), gen).output_ids
         counts[(out[0] * VOCAB + out[1]) * VOCAB + out[2]] += 1
     return counts

@@ -33,7 +33,7 @@ from eagle2.core.accept import accept_stochastic
 from eagle2.core.sampling import Draws, SamplingParams, probabilities
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.sps import SpsDrafter
-from tests.conftest import shared_eagle3_head
+from tests.conftest import shared_drafter_weights
 from tests.sampling_reference import reference_for
 
 pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
@@ -96,7 +96,7 @@ def drafted_rounds(models, method: dict, params: SamplingParams, first: int) -> 
     """Every ((tree, p_target), probability) of one engine round after PROMPT + [first]: the drafter
     draws through ReplayDraws, the engine verifies, acceptance is captured instead of run."""
     target, draft, head = models
-    cfg, captured = OmegaConf.create(method), []
+    cfg, captured, weights = OmegaConf.create(method), [], shared_drafter_weights(target, method)
 
     def capture(tree, p_target, generator):
         captured.append((tree, p_target))
@@ -104,7 +104,7 @@ def drafted_rounds(models, method: dict, params: SamplingParams, first: int) -> 
 
     def run(draws):
         drafter = build_drafter(cfg, target, params, draws, head=head, draft_model=draft,
-                                weights={"eagle3_head": shared_eagle3_head(target)})
+                                weights=weights)
         engine.generate(target, drafter, PROMPT, params, 2, set(), None)
         return captured.pop()
 

@@ -13,7 +13,7 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
 from eagle2.prompts.chat import encode_conversation
-from tests.conftest import PROFILE_DIR, shared_eagle3_head, tiny_head, tiny_llama
+from tests.conftest import PROFILE_DIR, shared_drafter_weights, tiny_head, tiny_llama
 from tests.devices import assert_greedy_lossless, device_params, on
 
 GREEDY = SamplingParams()
@@ -30,7 +30,7 @@ PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 
 def decode(target, method, prompt, n, head=None, draft=None, eos=frozenset()):
     drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head, draft_model=draft,
-                            weights={"eagle3_head": shared_eagle3_head(target)})
+                            weights=shared_drafter_weights(target, method))
     return engine.generate(target, drafter, prompt, GREEDY, n, set(eos))
 
 

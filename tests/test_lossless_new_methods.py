@@ -1,7 +1,7 @@
 """PLD (chain and tree), the EAGLE-2 hybrid tree (lookup branch), the oracle, Lookahead decoding (its
-Jacobi window riding as non-candidate nodes) and Token Recycling are lossless by the
-project's own certifications, reused here (``test_greedy``, ``test_certification``,
-``test_certification_exact``):
+Jacobi window riding as non-candidate nodes), Token Recycling and the retrieval drafters (REST,
+SuffixDecoding, SAMD) are lossless by the project's own certifications, reused here
+(``test_greedy``, ``test_certification``, ``test_certification_exact``):
 
 - temperature 0: token-identical to plain decoding in fp32 on tiny random models, with drafts really
   accepted (each method's accepted-draft count is asserted); a top-2 acceptance rule breaks it;
@@ -36,8 +36,13 @@ GREEDY_METHODS = {
     "lookahead_pooled": {"name": "lookahead", "window": 4, "ngram": 4, "guess_set": 4, "pool_from_prompt": True},
     "token_recycling": {"name": "token_recycling", "top_k": 4,
                         "choices": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]},
+    # REST retrieves from tests.conftest.shared_rest_datastore: the target's own greedy continuations and random
+    # sequences (tests/test_lossless_retrieval.py: SmolLM2 with a real corpus)
+    "rest": {"name": "rest", "max_span": 16, "min_span": 1, "max_matches": 5000, "continuation": 10, "num_draft": 16},
+    "suffix": {"name": "suffix", "max_depth": 24, "alpha": 1.0, "max_spec": 16, "min_prob": 0.1},
+    "samd": {"name": "samd", "depth": 4, "top_k": 4, "total_tokens": 10, "min_span": 1},
 }
-# the exact window is 3 tokens: drafts at most 2 deep
+# the exact window is 3 tokens: drafts at most 2 deep (suffix: a depth-3 tree holds a 1-token match and 2 more)
 SAMPLED_METHODS = {
     "pld": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 1},
     "pld_tree": {"name": "pld", "k": 2, "max_ngram": 2, "min_ngram": 1, "branches": 2},
@@ -46,6 +51,9 @@ SAMPLED_METHODS = {
     # the pool from the prompt: a candidate in the enumerated round (the window alone fills it later)
     "lookahead": {"name": "lookahead", "window": 2, "ngram": 3, "guess_set": 2, "pool_from_prompt": True},
     "token_recycling": {"name": "token_recycling", "top_k": 3, "choices": [[0], [1], [0, 0]]},
+    "rest": {"name": "rest", "max_span": 4, "min_span": 1, "max_matches": 50, "continuation": 2, "num_draft": 6},
+    "suffix": {"name": "suffix", "max_depth": 3, "alpha": 4.0, "max_spec": 6, "min_prob": 0.0},
+    "samd": {"name": "samd", "depth": 2, "top_k": 2, "total_tokens": 4, "lookup_k": 2, "min_span": 1},
 }
 
 
@@ -68,7 +76,7 @@ def test_greedy_equals_plain(tiny, name):
     assert accepted > 20  # drafts were really accepted (lookup matches, oracle continuations)
 
 
-@pytest.mark.parametrize("name", ["pld", "hybrid"])
+@pytest.mark.parametrize("name", ["pld", "hybrid", "rest", "suffix", "samd"])
 def test_greedy_identity_rejects_top2_rule(tiny, monkeypatch, name):
     monkeypatch.setattr(engine, "accept_greedy", accept_second_choice_too)
     assert greedy_mismatches(tiny, GREEDY_METHODS[name])[0] > 0

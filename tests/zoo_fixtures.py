@@ -211,11 +211,22 @@ def write_eagle3_head(folder: Path, target_config: LlamaConfig, seed: int = 4, *
     return folder
 
 
-WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder
+def write_rest_datastore(folder: Path, target_config: LlamaConfig, seed: int = 5) -> Path:
+    """A REST datastore (``eagle2.drafters.retrieval``) of random sequences over the byte tokens' ids (the
+    zoo tokenizer's first 259 ids), so that some contexts match; returns the ``.npz`` file."""
+    from eagle2.drafters.retrieval import Datastore
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = min(259, target_config.vocab_size)
+    return Datastore.from_entries(torch.randint(ids, (40, 400), generator=gen).tolist()).save(folder / "datastore.npz")
+
+
+WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder (or file)
     "head": write_published_head,
     "sps_draft": write_full_draft,
     "medusa_head": write_medusa_head,
     "eagle3_head": write_eagle3_head,
+    "rest_datastore": write_rest_datastore,
 }
 
 

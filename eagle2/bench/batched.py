@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def decode_batched(cfg, *, chash: str, store, questions: list[dict], target, tokenizer, weights: dict, params,
-                   eos: set[int], context: int, fingerprints: dict, kernels: str, logger) -> None:
+                   eos: set[int], context: int, fingerprints: dict, kernels: str, logger,
+                   run_state: dict | None = None) -> None:
     """Decode every unfinished turn of ``questions`` in batches of ``cfg.batch_size``, storing each row as it
-    finishes (the runner's loaded target, drafter weights and sampling, by name)."""
+    finishes (the runner's loaded target, drafter weights, sampling and drafters' run state, by name)."""
     queue: deque = deque()
     method = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
     method.verify_rows = int(cfg.batch_size)  # an auto budget prices a round at this batch size (T_B(q))
@@ -45,7 +46,7 @@ def decode_batched(cfg, *, chash: str, store, questions: list[dict], target, tok
             store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
             return
         gen = row_generator(cfg.seed, q["question_id"], turn, target.device)
-        drafter = build_drafter(method, target, params, gen, weights=weights)
+        drafter = build_drafter(method, target, params, gen, weights=weights, run_state=run_state)
         queue.append(BatchRequest(prompt, drafter, int(cfg.max_new_tokens), gen, key=(q, turn, answers)))
 
     def finished(res) -> None:

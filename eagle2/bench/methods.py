@@ -14,9 +14,12 @@ def drafter_factory(spec: MethodSpec):
     return getattr(importlib.import_module(module), function)
 
 
-def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None):
+def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None,
+                  run_state: dict | None = None):
     """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights,
-    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``."""
+    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``.
+    ``run_state``: one dict per run, handed to every drafter of the run as ``weights["run_state"]``, for what
+    a method learns across requests (SuffixDecoding's global tree); None: each drafter starts afresh."""
     spec = method_spec(method_cfg)
     given = {"head": head, "sps_draft": draft_model, **(weights or {})}
     missing = [key for key in spec.weights if given.get(key) is None]
@@ -28,4 +31,6 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
 
         chosen["cost_profile"] = auto_budget_profile(method_cfg, target, chosen[spec.weights[0]],
                                                      lambda cfg: factory(cfg, target, params, None, chosen))
+    if run_state is not None:
+        chosen["run_state"] = run_state
     return factory(method_cfg, target, params, generator, chosen)

@@ -77,8 +77,19 @@ def _load_eagle3_head(location, target):
     return load_eagle3_head(location, target)
 
 
+def _load_rest_datastore(location, target):
+    from eagle2.bench.validation import ConfigError
+    from eagle2.drafters.retrieval import Datastore
+
+    if not Path(location).is_file():
+        raise ConfigError(f"no REST datastore at {location}: build it with `python -m experiments.build_datastore "
+                          f"--corpus chat --out {location}` (or --corpus code)")
+    return Datastore.load(location)
+
+
 WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
-                  "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head}  # model-config key -> loader
+                  "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head,
+                  "rest_datastore": _load_rest_datastore}  # model-config key -> loader
 
 
 def drafter_locations(cfg: DictConfig) -> dict[str, str]:
@@ -109,9 +120,10 @@ def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
     """The drafter weights the method needs (its YAML's ``weights``), by model-config key, with the
-    target's fast kernels (``model.kernels``)."""
-    return {key: accelerate(WEIGHT_LOADERS[key](location, target), cfg.model.get("kernels", "auto"))
-            for key, location in drafter_locations(cfg).items()}
+    target's fast kernels (``model.kernels``) where they are modules (a REST datastore is data)."""
+    loaded = {key: WEIGHT_LOADERS[key](location, target) for key, location in drafter_locations(cfg).items()}
+    return {key: accelerate(w, cfg.model.get("kernels", "auto")) if isinstance(w, torch.nn.Module) else w
+            for key, w in loaded.items()}
 
 
 def _reset_peak_memory(device) -> None:
@@ -197,19 +209,21 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     context = int(cfg.model.max_context)
     eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
+    run_state: dict = {}  # what drafters learn across this run's turns (SuffixDecoding's global tree)
 
     def decode(prompt, generator, max_new_tokens=None):
-        drafter = build_drafter(cfg.method, target, params, generator, weights=weights)
+        drafter = build_drafter(cfg.method, target, params, generator, weights=weights, run_state=run_state)
         return generate(target, drafter, prompt, params, int(max_new_tokens or cfg.max_new_tokens), eos, generator,
                         context)
 
     warm_up(cfg, questions, tokenizer, decode, context)
+    run_state.clear()  # recorded turns never draft from the warm-up's own outputs
     if int(cfg.get("batch_size") or 1) > 1:
         from eagle2.bench.batched import decode_batched
 
         return decode_batched(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
                               weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
-                              kernels=kernels, logger=logger)
+                              kernels=kernels, logger=logger, run_state=run_state)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
     try:
         for q in questions:

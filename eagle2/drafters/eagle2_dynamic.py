@@ -11,27 +11,33 @@ harness measured and hands over (``weights["cost_profile"]``, ``eagle2.bench.cos
 never times a target forward. For batched decoding it is the profile of B rows verified together, ``T_B(q)``.
 
 Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
-what followed the last n tokens earlier in the prompt or output) is merged into the tree within the
-same budget. Its leading tokens that the head also drafted reuse those nodes (deduplicated, kept
-whatever their value); the rest hang below as new nodes; the remaining budget goes to the best other
-nodes by V. Lookup nodes carry no head confidence (NaN in the records, ``lookup`` True).
+what followed the last n tokens earlier in the prompt or output; or another chain source, as SAMD's,
+``eagle2.drafters.samd``) is merged into the tree within the same budget. Its leading tokens that the
+head also drafted reuse those nodes (deduplicated, kept whatever their value); the rest hang below as
+new nodes; the remaining budget goes to the best other nodes by V. Lookup nodes carry no head
+confidence (NaN in the records, ``lookup`` True).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
-from eagle2.drafters.lookup import LookupSettings, find_chains
+from eagle2.drafters.lookup import find_chains
+
+ChainSource = Callable[[list[int]], list[list[int]]]  # the tokens so far -> continuations, best first
 
 
 class Eagle2Drafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
-                 profile: CostProfile | None = None, lookup: LookupSettings | None = None, **drafting):
+                 profile: CostProfile | None = None, lookup: ChainSource | None = None, **drafting):
         """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose.
-        ``lookup``: merge a prompt-lookup chain into each tree (None: the plain EAGLE-2 tree)."""
+        ``lookup``: merge its first chain into each tree (None: the plain EAGLE-2 tree)."""
         super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
@@ -86,7 +92,7 @@ class Eagle2Drafter(HeadRunner):
             meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
         keep = order[:budget].sort().values
         if self.lookup is not None:
-            drafted, chains = tokens.shape[0], find_chains(self.sequence, self.lookup)
+            drafted, chains = tokens.shape[0], self.lookup(self.sequence)
             columns, keep = merge_chain(chains[0] if chains else [], (tokens, parents, depth, ranks, log_conf,
                                                                      log_value), order, budget)
             tokens, parents, depth, ranks, log_conf, log_value = columns
@@ -149,6 +155,6 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
     if method_cfg.get("lookup_branch"):
         from eagle2.drafters.pld import lookup_settings
 
-        lookup = lookup_settings(method_cfg, prefix="lookup_", default_k=depth)
+        lookup = partial(find_chains, settings=lookup_settings(method_cfg, prefix="lookup_", default_k=depth))
     return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
                          total_tokens=int(total), profile=profile, lookup=lookup, **drafting)

@@ -1,0 +1,63 @@
+"""REST, retrieval-based speculative decoding (He et al., NAACL 2024): no draft model; each round the
+longest suffix of the context (``max_span`` tokens down to ``min_span``) is looked up in a datastore
+(``eagle2.drafters.retrieval``), the next ``continuation`` tokens of up to ``max_matches`` occurrences
+are retrieved, and the ``num_draft`` most frequent of their prefixes form the draft trie (the authors'
+defaults: spans 16..2, 5000 matches, 10 tokens, 64 nodes).
+
+Nodes are chosen deterministically, so at temperature > 0 they are accepted by the rule for
+deterministically chosen siblings (``eagle2.core.accept``): lossless at any temperature. A node's
+confidence is its count over its parent's. The datastore is drafter data of the model (``model.rest_datastore``,
+built by ``python -m experiments.build_datastore``) and loaded once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagle2.core.tree import DraftTree
+from eagle2.drafters.counted_trie import tree_from_counts
+from eagle2.drafters.retrieval import Datastore, top_prefixes
+
+
+@dataclass(frozen=True)
+class RestSettings:
+    max_span: int = 16
+    min_span: int = 2
+    max_matches: int = 5000
+    continuation: int = 10
+    num_draft: int = 64
+
+    def __post_init__(self):
+        if not 1 <= self.min_span <= self.max_span or min(self.max_matches, self.continuation, self.num_draft) < 1:
+            raise ValueError("REST needs 1 <= min_span <= max_span and max_matches, continuation, num_draft >= 1")
+
+
+class RestDrafter:
+    needs_hidden = False
+    forward_time = 0.0  # no model forwards
+
+    def __init__(self, datastore: Datastore, settings: RestSettings):
+        self.datastore, self.settings = datastore, settings
+
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.sequence = list(prompt_ids) + [first_token]
+
+    def observe(self, new_tokens, hidden) -> None:
+        self.sequence.extend(new_tokens)
+
+    def propose(self, root: int, room: int) -> DraftTree:
+        s = self.settings
+        if room < 2:
+            return DraftTree.root_only(root)
+        found, span = self.datastore.continuations(self.sequence, s.max_span, s.min_span, s.max_matches,
+                                                   s.continuation)
+        if not span:
+            return DraftTree.root_only(root)
+        paths, counts = top_prefixes(found, min(s.num_draft, room - 1))
+        return tree_from_counts(root, paths, counts, len(found), matched_span=span, retrieved=len(found))
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> RestDrafter:
+    settings = RestSettings(**{key: int(method_cfg[key]) for key in RestSettings.__dataclass_fields__
+                               if method_cfg.get(key) is not None})
+    return RestDrafter(weights["rest_datastore"], settings)

@@ -1,0 +1,54 @@
+"""Build a REST datastore (``eagle2.drafters.retrieval``) from a corpus, cached under ``artifacts/work/rest/``:
+
+    python -m experiments.build_datastore --corpus chat   # token shards: ShareGPT's if built, else the shipped corpus
+    python -m experiments.build_datastore --corpus code   # data/train/code_alpaca_2k.json.gz, the model's tokenizer
+
+The corpora are ``eagle2.training.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
+``artifacts/work/rest/smollm2-chat.npz``). An existing datastore is kept unless ``--rebuild``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from eagle2.prompts.questions import PROJECT_ROOT
+from eagle2.training.datastore import SHAREGPT_SHARDS, SHIPPED_SHARDS, build_datastore, chat_entries, code_entries
+
+
+def default_out(model: str, corpus: str) -> Path:
+    return PROJECT_ROOT / "artifacts/work/rest" / f"{model}-{corpus}.npz"
+
+
+def model_tokenizer(model: str):
+    from hydra import compose, initialize_config_dir
+    from transformers import AutoTokenizer
+
+    from eagle2.bench.models import load_pretrained, weights_location
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={model}"])
+    return load_pretrained(AutoTokenizer, weights_location(cfg.model))
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", choices=("chat", "code"), required=True)
+    parser.add_argument("--model", default="smollm2", help="its tokenizer (code) and the default file name")
+    parser.add_argument("--shards", action="append", type=Path, help="token-shard folder(s) for --corpus chat")
+    parser.add_argument("--out", type=Path, help="default: artifacts/work/rest/<model>-<corpus>.npz")
+    parser.add_argument("--depth", type=int, default=16, help="longest query (REST's max_span)")
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args(argv)
+    out = args.out or default_out(args.model, args.corpus)
+    if out.is_file() and not args.rebuild:
+        print(f"[datastore] {out} exists (--rebuild to build it again)")
+        return out
+    if args.corpus == "chat":
+        folders = args.shards or [SHAREGPT_SHARDS if SHAREGPT_SHARDS.is_dir() else SHIPPED_SHARDS]
+        return build_datastore(chat_entries(folders), out, args.depth)
+    return build_datastore(code_entries(model_tokenizer(args.model)), out, args.depth)
+
+
+if __name__ == "__main__":
+    main()
