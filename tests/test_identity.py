@@ -1,4 +1,4 @@
-"""The identity audit tells numeric drift from algorithmic errors (eagle2.bench.identity, analysis.identity).
+"""The identity audit tells numeric drift from algorithmic errors (eagle2.bench.identity, its summary).
 
 Unit tests classify hand-made logits; the end-to-end test runs SmolLM2 in bf16 (where outputs drift
 from plain decoding at near-ties) and shows the audit finds only numeric divergences for a lossless
@@ -13,10 +13,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import eagle2.core.engine as engine
-from analysis.identity import identity_table
 from eagle2.bench.identity import audit_results, classify, tolerance
 from eagle2.bench.runner import run
 from eagle2.prompts.questions import PROJECT_ROOT
+from eagle2.results.identity_records import identity_table
 from tests.broken_rules import accept_second_choice_too
 
 
