@@ -385,8 +385,7 @@ def row_writer(path: Path | None, rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.ops.gpu_check.stages", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m experiments.ops.gpu_check.stages", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=STAGES)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", type=Path, required=True, help="JSON list of the rows, rewritten after each")
