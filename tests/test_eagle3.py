@@ -153,7 +153,7 @@ def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, s
     head_dir = save_eagle3_head(random_eagle3_head(smollm2[0], draft_vocab_size=8192), tmp_path / "head")
     common = ["logger=none", "warmup_tokens=0", "dataset=gsm8k", "dataset.limit=1", "max_new_tokens=12",
               f"paths.results={tmp_path / 'r'}", f"model.eagle3_head={head_dir}", "model.dtype=float32",
-              "method.total_tokens=6"]
+              "model.eagle2.total_tokens=6"]
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         for method in ("plain", "eagle3"):
             run(compose("config", overrides=[f"method={method}", *common]))

@@ -108,7 +108,7 @@ def test_cuda_oom_in_a_sweep_cell_is_a_failed_row_and_the_sweep_goes_on(tmp_path
     results = tmp_path / "results"
     monkeypatch.setattr(sys, "argv", [
         "run.py", "-m", "method=sps,eagle2,plain", "dataset=gsm8k", "dataset.limit=2", "max_new_tokens=4",
-        "model.dtype=float32", f"model.head={head}", "method.total_tokens=4", "logger=none", "warmup_tokens=0",
+        "model.dtype=float32", f"model.head={head}", "model.eagle2.total_tokens=4", "logger=none", "warmup_tokens=0",
         "threads=1", f"paths.results={results}", f"hydra.sweep.dir={tmp_path / 'multirun'}"])
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(ROOT / "run.py"), run_name="__main__")

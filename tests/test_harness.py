@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from analysis.metrics import iter_rows, load_failures
 from analysis.report import build_report
 from eagle2.heads.eagle_head import save_head
-from experiments.research.recipe import EXPERIMENTS, commands, extra_runs
+from experiments.research.recipe import EXPERIMENTS, commands
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +57,7 @@ def head_dir(smollm2, tmp_path_factory):
     return save_head(head, tmp_path_factory.mktemp("head") / "head")
 
 
-EXTRA_RUNS = {run: name for name in EXPERIMENTS for run in extra_runs(name)}  # named extra run -> its experiment
-
-
-@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n not in EXTRA_RUNS])  # conf/experiment/*.yaml by glob
+@pytest.mark.parametrize("name", EXPERIMENTS)  # every conf/experiment/*.yaml, found by glob
 def test_experiment_sweeps_and_scales(name):
     """Small on CPU (SmolLM2); the paper's protocol once only the model is overridden (GPU recipe)."""
     assert (CONF / "experiment" / f"{name}.yaml").read_text().startswith("# @package _global_")
@@ -85,14 +82,6 @@ def test_experiment_sweeps_and_scales(name):
     OmegaConf.to_container(one_cell, resolve=True)  # every interpolation of a cell resolves
 
 
-@pytest.mark.parametrize("name", sorted(EXTRA_RUNS))
-def test_a_named_extra_run_is_one_run_into_its_experiments_folder(name):
-    assert (CONF / "experiment" / f"{name}.yaml").read_text().startswith("# @package _global_")
-    cfg = compose_cfg(f"experiment={name}", hydra_cfg=True)
-    assert cfg.paths.results == f"results/{EXTRA_RUNS[name]}" and "," not in cfg.hydra.sweeper.params.method
-    OmegaConf.to_container(compose_cfg(f"experiment={name}"), resolve=True)
-
-
 def test_table1_is_the_full_grid():
     params = compose_cfg("experiment=table1", hydra_cfg=True).hydra.sweeper.params
     assert params.method == "plain,sps,pld,eagle,eagle2,oracle" and params.lookup_branch == "false,true"
@@ -112,8 +101,8 @@ def test_named_experiment_sweeps_its_cells(tmp_path):
 def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head_dir):
     results = tmp_path / "r"
     args = [sys.executable, "run.py", "-m", "method=plain,eagle2", "dataset.limit=3", *COMMON,
-            f"paths.results={results}", f"model.head={head_dir}", "method.total_tokens=4",
-            "method.depth=2", "method.top_k=2", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+            f"paths.results={results}", f"model.head={head_dir}", "model.eagle2.total_tokens=4",
+            "model.eagle2.depth=2", "model.eagle2.top_k=2", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     total = 2 * 3  # two methods x three single-turn questions
     proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -216,17 +205,16 @@ def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
 
 
 def test_equal_budgets_pairs_a_static_and_a_dynamic_tree_of_each_budget():
+    import ast
+
     from eagle2.core.tree import choice_paths
 
     cmds = commands("equal_budgets", [], None, None)
-    assert [c[3] for c in cmds] == ["experiment=equal_budgets", "experiment=equal_budgets_dynamic25",
-                                    "experiment=equal_budgets_static60", "experiment=equal_budgets_dynamic60"]
-    static = compose_cfg("experiment=equal_budgets_static60")
-    assert static.method.name == "eagle" and static.model.dtype == "float32"
-    assert len(choice_paths(OmegaConf.to_container(static.method.choices))) == 60  # a valid 60-node tree
-    for name, budget in (("equal_budgets_dynamic25", 25), ("equal_budgets_dynamic60", 60)):
-        dynamic = compose_cfg(f"experiment={name}")
-        assert (dynamic.method.name, dynamic.method.total_tokens, dynamic.model.dtype) == ("eagle2", budget, "float32")
+    assert len(cmds) == 3
+    static = next(c for c in cmds[1] if c.startswith("method.choices="))
+    paths = ast.literal_eval(static.split("=", 1)[1])
+    assert len(choice_paths(paths)) == 60  # a valid tree (parents first) of 60 drafted nodes
+    assert "model.eagle2.total_tokens=60" in cmds[2] and all("model.dtype=float32" in c for c in cmds[1:])
     grid = OmegaConf.to_container(compose_cfg("experiment=equal_budgets", hydra_cfg=True).hydra.sweeper.params)
-    assert grid["method"] == "plain,eagle" and grid["model.dtype"] == "float32"
+    assert grid["model.eagle2.total_tokens"] == "25" and grid["model.dtype"] == "float32"
     assert len(compose_cfg("method=eagle").method.choices) == 25  # the static tree the 25-node grid runs

@@ -124,9 +124,9 @@ def test_save_load_round_trip_is_exact(target, tmp_path, own_lm_head):
     assert torch.equal(loaded(x), heads(x))
 
 
-def test_default_tree_is_the_authors_mc_sim_7b_63():
-    medusa = OmegaConf.load(PROJECT / "conf/method/medusa.yaml")
-    assert OmegaConf.to_container(medusa.choices) == MC_SIM_7B_63
+def test_base_config_tree_is_the_authors_mc_sim_7b_63():
+    base = OmegaConf.load(PROJECT / "conf/model/_base.yaml")
+    assert OmegaConf.to_container(base.medusa_choices) == MC_SIM_7B_63
     assert len(choice_paths(MC_SIM_7B_63)) == 63
 
 

@@ -114,11 +114,11 @@ def test_config_hash_tracks_what_changes_outputs():
     from eagle2.results.store import config_hash
 
     base = config_hash(config("method=plain"))
-    assert config_hash(config("method=plain", "model.head=x")) == base
+    assert config_hash(config("method=plain", "model.eagle2.total_tokens=99", "model.head=x")) == base
     assert config_hash(config("method=plain", "dataset.limit=7", "paths.results=/elsewhere")) == base
     assert config_hash(config("method=plain", "temperature=1.0")) != base
     e2 = config_hash(config("method=eagle2"))
-    assert config_hash(config("method=eagle2", "method.total_tokens=99")) != e2
+    assert config_hash(config("method=eagle2", "model.eagle2.total_tokens=99")) != e2
     assert config_hash(config("method=eagle2", "model.head=other")) != e2
 
 

@@ -246,7 +246,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
     _, val_paths = split_shards(corpus_dir, mc.val_fraction)
     loaded = load_medusa_heads(folder, target)
-    trees = {"model.medusa_choices": OmegaConf.to_container(cfg.method.choices),  # the model's tree (eval.json key)
+    trees = {"model.medusa_choices": OmegaConf.to_container(cfg.model.medusa_choices),
              "mc_sim_7b_63": MC_SIM_7B_63}
     metrics = {"target": cfg.model.name, "artifact": str(folder)}
     for name, seqs in {"mt_bench": all_sequences(mt_dir), "corpus_heldout": load_sequences(val_paths)}.items():

@@ -5,11 +5,11 @@
     python -m experiments.research.recipe tree_budget hydra/launcher=slurm hydra.launcher.partition=gpu
 
 NAME is one of conf/experiment/*.yaml; every other argument is a Hydra override handed to
-``python run.py -m experiment=NAME``. An experiment's ``extra_runs`` (named experiments of their own in
-conf/experiment/, e.g. tree_budget's plain baseline, which has no tree settings to share the grid, or
-equal_budgets' EAGLE-2 at 25 nodes and its 60-node pair) run next, with the same overrides. The report of
-``results/NAME`` goes to ``report/NAME``. Finished rows are never redone, so the same command resumes a
-killed sweep.
+``python run.py -m experiment=NAME``. tree_budget also runs its plain baseline (plain decoding has no tree
+settings, so it cannot share the grid); equal_budgets also runs its 60-node pair (a static tree of
+60 nodes, the first 60 of mc_sim_7b_63 in ``model.medusa_choices``, against EAGLE-2 at total_tokens=60).
+The report of ``results/NAME`` goes to ``report/NAME``. Finished
+rows are never redone, so the same command resumes a killed sweep.
 """
 
 from __future__ import annotations
@@ -23,11 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def extra_runs(name: str) -> list[str]:
-    """The named experiments an experiment's recipe runs after its own sweep (its ``extra_runs`` key)."""
+def _first_nodes(count: int) -> str:
+    """The first ``count`` paths of the 63-node mc_sim_7b_63 tree (conf/model/_base.yaml), as an override value."""
     from omegaconf import OmegaConf
 
-    return list(OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml").get("extra_runs") or [])
+    paths = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "_base.yaml").medusa_choices)[:count]
+    return "[" + ",".join("[" + ",".join(map(str, p)) + "]" for p in paths) + "]"
+
+
+EXTRA_RUNS = {  # name -> more runs of its sweep, each with these overrides
+    "tree_budget": [["method=plain", "hydra.sweeper.params=null"]],
+    "equal_budgets": [["method=eagle", f"method.choices={_first_nodes(60)}", "model.dtype=float32",
+                       "hydra.sweeper.params=null"],
+                      ["method=eagle2", "model.eagle2.total_tokens=60", "model.eagle2.depth=6", "model.eagle2.top_k=10",
+                       "model.dtype=float32", "hydra.sweeper.params=null"]],
+}
 
 
 def commands(name: str, overrides: list[str], results: str | None, report: str | None) -> list[list[str]]:
@@ -35,7 +45,7 @@ def commands(name: str, overrides: list[str], results: str | None, report: str |
     extra = [*overrides, *([f"paths.results={results}"] if results else [])]
     sweep = [sys.executable, "run.py", "-m", f"experiment={name}"]
     out = [sweep + extra]
-    out += [[*sweep[:-1], f"experiment={more}", *extra] for more in extra_runs(name)]
+    out += [sweep + more + extra for more in EXTRA_RUNS.get(name, [])]
     if report:
         out.append([sys.executable, "-m", "analysis.report", results or f"results/{name}", "--out", report])
     return out
