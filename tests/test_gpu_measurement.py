@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 import eagle2.bench.rows as rows
 import eagle2.bench.runner as runner
 import eagle2.core.engine as engine
+from eagle2.core.clock import device_clock
 from eagle2.heads.eagle_head import save_head
 from eagle2.heads.kinds import weight_kinds
 from eagle2.results.store import read_rows
@@ -61,9 +62,9 @@ def test_the_timing_check_catches_an_unsynchronised_clock(tmp_path, monkeypatch)
 def test_device_clock_synchronises_cuda(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
-    engine.device_clock("cpu")
+    device_clock("cpu")
     assert calls == []
-    engine.device_clock("cuda:0")
+    device_clock("cuda:0")
     assert calls == ["cuda:0"]
 
 
