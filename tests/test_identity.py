@@ -120,7 +120,7 @@ def test_numeric_tolerance_measures_a_gpu_model_config_on_a_given_device(tmp_pat
     """``--model vicuna7b --device ...``: the config's template and weights (here a tiny random stand-in)."""
     from transformers import LlamaConfig
 
-    from experiments import numeric_tolerance
+    from experiments.research import numeric_tolerance
     from tests.zoo_fixtures import write_target
 
     folder = write_target(tmp_path / "t", LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,
