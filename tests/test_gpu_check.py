@@ -188,10 +188,10 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
     in a child where the packages absent from the lent image raise ImportError."""
     import ast
 
-    root = Path(gpu_check.__file__).resolve().parents[2]
+    root = Path(gpu_check.__file__).resolve().parents[3]
     modules = {"experiments.ops.gpu_check", "experiments.ops.gpu_check.check"}
     for name in ("__main__", "check", "stages", "models", "env"):
-        for node in ast.walk(ast.parse((root / "experiments" / "gpu_check" / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((root / "experiments" / "ops" / "gpu_check" / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.add(node.module)
             elif isinstance(node, ast.Import):
@@ -211,7 +211,7 @@ def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
     """SIGTERM to the check (a device command past its limit) takes the stage's process group with it."""
     import signal
 
-    root = Path(gpu_check.__file__).resolve().parents[2]
+    root = Path(gpu_check.__file__).resolve().parents[3]
     script = ("import sys\nfrom experiments.ops.gpu_check import check as gpu_check\n"
               "from tests.test_gpu_check import FAKE_STAGE\n"
               "gpu_check.stage_command = lambda stage, device, rows: [sys.executable, '-c', FAKE_STAGE, stage, "
