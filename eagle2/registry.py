@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 METHOD_DIR = CONF_DIR / "method"
 DATASET_DIR = CONF_DIR / "dataset"
@@ -53,6 +51,8 @@ def known_benchmarks() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _yaml(folder: Path, name: str):
+    from omegaconf import OmegaConf  # here, not at the top: the GPU check reads questions without omegaconf
+
     path = folder / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
