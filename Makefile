@@ -39,16 +39,16 @@ lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
 
 bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~8 min)
-	$(PY) -m experiments.bench_engine
+	$(PY) -m experiments.bench.bench_engine
 
 bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
-	$(PY) -m experiments.bench_plain_vs_generate --dtype $(DTYPE)
+	$(PY) -m experiments.bench.bench_plain_vs_generate --dtype $(DTYPE)
 
 bench-batch: install  ## throughput and speedup over plain at B = 1, 2, 4, 8, five methods, MT-bench first turns, 1 thread (~20 min)
-	$(PY) -m experiments.bench_batch --limit 8 --max-new-tokens 32 --threads 1
+	$(PY) -m experiments.bench.bench_batch --limit 8 --max-new-tokens 32 --threads 1
 
 bench-sps: install  ## method=sps vs transformers assisted generation on SmolLM2 (bf16; DTYPE=float32 for exact)
-	$(PY) -m experiments.bench_sps_vs_assisted --dtype $(DTYPE)
+	$(PY) -m experiments.bench.bench_sps_vs_assisted --dtype $(DTYPE)
 
 GPU_PYTHON ?= python3   # the GPU machine's own Python with its CUDA torch (never a venv, torch never reinstalled)
 GPU_WHEELS := omegaconf==2.3.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
@@ -57,13 +57,13 @@ gpu-bundle:  ## pure-Python wheels the GPU image lacks (omegaconf, hydra-core, a
 	rm -rf .gpu_bundle
 	$(PYTHON) -m pip wheel -q --no-deps -w .gpu_bundle $(GPU_WHEELS)
 
-GPU_CHECK_ARGS ?=   # e.g. --stages audit_vicuna7b,verify_cost --budget-s 300 (python -m experiments.gpu_check --help)
+GPU_CHECK_ARGS ?=   # e.g. --stages audit_vicuna7b,verify_cost --budget-s 300 (python -m experiments.ops.gpu_check --help)
 
 gpu-check: $(if $(filter 1,$(CPU_HALF)),install)  ## GPU readiness in <= 8 min on the machine's own Python (no GPU: nothing to check); CPU_HALF=1: the CPU half
 ifeq ($(CPU_HALF),1)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(PY) -m experiments.gpu_check --device cpu --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(PY) -m experiments.ops.gpu_check --device cpu --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 else
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.gpu_check.env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m experiments.ops.gpu_check.env --bundle .gpu_bundle --site .gpu_site -- --out $(RESULTS)/gpu_check $(GPU_CHECK_ARGS)
 endif
 
 audit: install  ## identity audit of RESULTS: numeric vs algorithmic divergences from plain decoding at T=0
@@ -106,7 +106,7 @@ train-selfdistill: install  ## the self-distilled SmolLM2 recipe (target's own a
 	$(PY) train_head.py train=smollm2 stage=all
 
 ablation: install  ## head-training ablation: one SmolLM2 head per lever (~15-40 min each, 1 core), then its table
-	$(PY) -m experiments.head_ablation run base half_data dataset_answers init_target unroll3 --steps 300
+	$(PY) -m experiments.research.head_ablation run base half_data dataset_answers init_target unroll3 --steps 300
 
 clean:  ## remove Hydra outputs and caches (keeps results/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

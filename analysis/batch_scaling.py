@@ -20,22 +20,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.figures import NAMES, PAPER_STYLE, save  # noqa: E402
+from analysis.figures import PAPER_STYLE, save  # noqa: E402
+from eagle2.registry import display_name, method_rank  # noqa: E402
 from eagle2.results.throughput import batch_throughput  # noqa: E402
 
 SETTING = ["model", "dataset", "temperature"]
 COLUMNS = [*SETTING, "method", "batch_size", "turns", "new_tokens", "wall_span_s", "throughput", "speedup",
            "scaling", "request_tokens_per_s", "mean_latency_s"]
-ORDER = ["plain", "sps", "pld", "eagle", "eagle2", "eagle3", "medusa"]
 
 
 def has_batch_sweep(rows: pd.DataFrame) -> bool:
     """Rows of two or more batch sizes: a curve to draw."""
     return not rows.empty and "batch_size" in rows and rows.batch_size.fillna(1).nunique() > 1
-
-
-def _method_key(method: str) -> tuple[int, str]:
-    return (ORDER.index(method) if method in ORDER else len(ORDER), method)
 
 
 def scaling_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -57,7 +53,7 @@ def scaling_table(rows: pd.DataFrame) -> pd.DataFrame:
     table["speedup"] = table.throughput / table.speedup
     table["scaling"] = [one.get(k, np.nan) for k in zip(*(table[c] for c in [*SETTING, "method"]))]
     table["scaling"] = table.throughput / table.scaling
-    table["order"] = table.method.map(_method_key)
+    table["order"] = table.method.map(method_rank)
     table = table.sort_values([*SETTING, "order", "batch_size"]).drop(columns="order")
     return table.reset_index(drop=True)[COLUMNS]
 
@@ -70,9 +66,9 @@ def scaling_markdown(table: pd.DataFrame) -> str:
         head = f"**{key[0]} / {key[1]} / T={key[2]:g}**: throughput, tokens/s (speedup over plain at the same B)"
         lines = [head, "", "| method | " + " | ".join(f"B={b}" for b in sizes) + " |",
                  "|---|" + "---:|" * len(sizes)]
-        for method, m in sorted(g.groupby("method"), key=lambda kv: _method_key(kv[0])):
+        for method, m in sorted(g.groupby("method"), key=lambda kv: method_rank(kv[0])):
             cells = {int(r.batch_size): f"{r.throughput:.2f} ({r.speedup:.2f}x)" for r in m.itertuples()}
-            lines.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells.get(b, "") for b in sizes) + " |")
+            lines.append(f"| {display_name(method)} | " + " | ".join(cells.get(b, "") for b in sizes) + " |")
         plain = g[g.method == "plain"]
         if len(plain) > 1 and (plain.batch_size == 1).any():
             ratios = ", ".join(f"B={int(r.batch_size)}: {r.scaling:.2f}x" for r in plain.itertuples()
@@ -89,9 +85,9 @@ def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling") 
     for i, (key, g) in enumerate(table.groupby(SETTING, sort=False)):
         with plt.rc_context(PAPER_STYLE):
             fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(6.75, 2.4), layout="constrained")
-            for method, m in sorted(g.groupby("method"), key=lambda kv: _method_key(kv[0])):
+            for method, m in sorted(g.groupby("method"), key=lambda kv: method_rank(kv[0])):
                 m = m.sort_values("batch_size")
-                label = NAMES.get(method, method.upper())
+                label = display_name(method)
                 ax_t.plot(m.batch_size, m.throughput, marker="o", ms=3, label=label)
                 ax_s.plot(m.batch_size, m.speedup, marker="o", ms=3, label=label)
             sizes = sorted(g.batch_size.unique())

@@ -21,14 +21,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.tables import DATASETS, TITLES  # noqa: E402
+from analysis.tables import in_table_order, title  # noqa: E402
+from eagle2.registry import display_name  # noqa: E402
 
 FULL_WIDTH = 6.75  # inches: a two-column paper's text width
 PAPER_STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7,
                "xtick.labelsize": 7, "ytick.labelsize": 7, "savefig.dpi": 300, "savefig.bbox": "tight",
                "pdf.fonttype": 42, "axes.spines.top": False, "axes.spines.right": False}
-NAMES = {"plain": "Plain", "sps": "SpS", "eagle": "EAGLE", "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "pld": "PLD",
-         "eagle2+lookup": "EAGLE-2 + lookup", "oracle": "Oracle"}
 
 
 def save(fig, out: Path, name: str) -> list[Path]:
@@ -43,7 +42,7 @@ def save(fig, out: Path, name: str) -> list[Path]:
 def pretty(label: str) -> str:
     """'eagle2 (total_tokens=8)' -> 'EAGLE-2 (total_tokens=8)'."""
     head, _, rest = label.partition(" ")
-    return f"{NAMES.get(head, head)} {rest}".strip()
+    return f"{display_name(head)} {rest}".strip()
 
 
 def speedup_bars(cells: pd.DataFrame, out: Path, max_labels: int = 8) -> tuple[list[Path], list[str]]:
@@ -61,8 +60,7 @@ def speedup_bars(cells: pd.DataFrame, out: Path, max_labels: int = 8) -> tuple[l
                 notes.append(f"speedup bars, {model} T={temp:g}: {len(labels)} method configs, the first "
                              f"{max_labels} drawn (all are in table1.md)")
                 labels = labels[:max_labels]
-            datasets = [d for d in DATASETS + sorted(set(g.dataset) - set(DATASETS) - {"mean"}) + ["mean"]
-                        if d in set(g.dataset)]
+            datasets = in_table_order(g.dataset) + (["mean"] if "mean" in set(g.dataset) else [])
             width = 0.8 / len(labels)
             x = np.arange(len(datasets))
             for i, label in enumerate(labels):
@@ -78,7 +76,7 @@ def speedup_bars(cells: pd.DataFrame, out: Path, max_labels: int = 8) -> tuple[l
                     else:
                         ax.text(p, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=6)
             ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="plain decoding (1x)")
-            ax.set_xticks(x, [TITLES.get(d, d) for d in datasets])
+            ax.set_xticks(x, [title(d) for d in datasets])
             ax.set_ylim(0, max(1.15, 1.15 * np.nan_to_num(g.speedup.max(), nan=1.0)))
             ax.set_ylabel("speedup over plain (x)")
             ax.set_title(f"Speedup by benchmark: {model}, temperature {temp:g}")
@@ -106,7 +104,7 @@ def calibration_diagram(table: pd.DataFrame, ece: pd.Series, out: Path) -> list[
             ax.set_ylim(0, 1.05)
             ax.set_xlabel("draft confidence (probability, 0-1)")
             ax.set_ylabel("acceptance rate (share of tried nodes)")
-            ax.set_title(f"{NAMES.get(method, method)}: confidence vs acceptance (ECE {ece.get(method, np.nan):.3f})")
+            ax.set_title(f"{display_name(method)}: confidence vs acceptance (ECE {ece.get(method, np.nan):.3f})")
             ax.legend(loc="upper left", frameon=False)
         fig.tight_layout()
         return save(fig, out, "calibration")
@@ -161,7 +159,7 @@ def tree_budget_curves(tb: pd.DataFrame, out: Path) -> list[Path]:
                         ax.plot(auto.x, auto[col], "*", ms=9, color=color, label=f"{name}, auto (mean budget)")
             if g.speedup.isna().all():
                 left.text(0.5, 0.5, "no baseline (no plain rows)", ha="center", transform=left.transAxes)
-            where = f"{TITLES.get(dataset, dataset)}, {model}, T={temp:g}"
+            where = f"{title(dataset)}, {model}, T={temp:g}"
             left.set_title(f"Speedup, {where}")
             left.set_ylabel("speedup over plain (x)")
             right.set_title(f"tau, {where}")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from eagle2.results.frames import GROUP, baseline_rows, iter_rows, load_rows  # noqa: F401 (analysis's own names too)
+from eagle2.results.labels import ORACLE, _switched_on, config_settings, variant_labels  # noqa: F401 (same)
 from eagle2.results.store import is_row
 from eagle2.results.throughput import batch_throughput
 
@@ -216,63 +217,6 @@ def load_failures(results: str | Path) -> pd.DataFrame:
     # a cell failed again and again is one standing failure: keep its latest error
     cells = frame[frame.scope == "cell"].sort_values("timestamp").drop_duplicates(GROUP, keep="last")
     return pd.concat([cells, frame[frame.scope == "turn"]], ignore_index=True)[cols]
-
-
-def config_settings(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per config_hash: its method settings (from ``method_config``), flattened, plus sampling."""
-    if rows.empty:
-        return pd.DataFrame(columns=["config_hash"])
-    first = rows.drop_duplicates("config_hash")
-    out = []
-    for _, r in first.iterrows():
-        settings = r.get("method_config") if isinstance(r.get("method_config"), dict) else {}
-        out.append({"config_hash": r.config_hash, "method": r.method,
-                    **{k: v for k, v in settings.items() if k != "name"},
-                    **{f"sampling_{k}": r.get(k) for k in ("top_p", "top_k") if k in r},
-                    **({"seed": r.get("seed")} if "seed" in r else {})})
-    return pd.DataFrame(out)
-
-
-ORACLE = "oracle"
-ORACLE_NOTE = "ceiling, not a speed"  # the oracle runs the target to look ahead: its speed is no method's
-
-
-def _switched_on(value) -> bool:
-    """A boolean setting that is on (pandas turns a missing one into NaN and bools into numpy bools)."""
-    return isinstance(value, (bool, np.bool_)) and bool(value)
-
-
-def display_method(method: str, settings: dict) -> str:
-    """The name a config is shown under: ``eagle2+lookup`` for EAGLE-2 with its lookup branch, the
-    oracle marked as a ceiling, else the method's name."""
-    if method == ORACLE:
-        return f"{ORACLE} [{ORACLE_NOTE}]"
-    if _switched_on(settings.get("lookup_branch")):
-        return f"{method}+lookup"
-    return str(method)
-
-
-def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
-    """config_hash -> a readable label: the method's display name (``display_method``), plus the method
-    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
-    settings = config_settings(rows)
-    settings["method"] = [display_method(m, r.to_dict()) for m, (_, r) in zip(settings.method, settings.iterrows())]
-    labels = {}
-    for method, g in settings.groupby("method", sort=False):
-        varying = [c for c in g.columns if c not in ("config_hash", "method")
-                   and not c.startswith("lookup") and g[c].astype(str).nunique(dropna=False) > 1]
-        for _, r in g.iterrows():
-            extra = ", ".join(f"{c}={_plain_value(r[c])}" for c in varying)
-            labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
-    return labels
-
-
-def _plain_value(value):
-    """8.0 -> 8 (pandas turns int settings into floats once another config lacks them); a static tree's
-    choice paths -> ``<n> nodes, depth <d>``."""
-    if isinstance(value, (list, tuple)) and value and all(isinstance(p, (list, tuple)) for p in value):
-        return f"{len(value)} nodes, depth {max(len(p) for p in value)}"
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def tree_budget_table(rows: pd.DataFrame) -> pd.DataFrame:

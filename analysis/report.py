@@ -38,7 +38,6 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import batch_scaling, figures
-from analysis.identity import identity_table
 from analysis.metrics import (
     METHOD_COLUMNS,
     ORACLE,
@@ -59,6 +58,7 @@ from analysis.metrics import (
 )
 from analysis.results_page import write_page
 from analysis.tables import PUBLISHED, load_published, oracle_markdown, table1_frame, to_latex, to_markdown
+from eagle2.results.identity_records import identity_table
 
 log = logging.getLogger(__name__)
 WANDB_NODE_ROWS = 100_000  # a W&B table larger than this is logged as a uniform sample

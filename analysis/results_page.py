@@ -19,13 +19,13 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.metrics import method_table, variant_labels
-from analysis.tables import TITLES, load_published, table1_frame, to_markdown
+from analysis.tables import load_published, table1_frame, title, to_markdown
 from eagle2.core.cpu import cpu_kind
+from eagle2.registry import method_rank
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 STAMP_KEYS = ("Commit", "Date", "Machine", "CPU", "Dtype", "Drafters", "Command")  # each a "- **Key**: value" line
 FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-METHOD_ORDER = ["plain", "sps", "pld", "medusa", "eagle", "eagle2", "eagle3", "oracle"]
 
 
 def git_commit(root: Path | None = None) -> str:
@@ -66,10 +66,6 @@ def _weights(rows: pd.DataFrame) -> str:
     return ", ".join(f"{k} `{h}`" for k, h in sorted(seen)) or "none"
 
 
-def _method_rank(method: str) -> int:
-    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
-
-
 def headline_table(rows: pd.DataFrame) -> str:
     """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown)."""
     limits = rows.groupby("config_hash").max_new_tokens.max() if "max_new_tokens" in rows else pd.Series(dtype=int)
@@ -78,9 +74,9 @@ def headline_table(rows: pd.DataFrame) -> str:
     out = []
     for (model, dataset, temperature, limit), g in table.groupby(["model", "dataset", "temperature", "limit"]):
         tokens = f", at most {limit} new tokens" if limit >= 0 else ""
-        out += [f"{model}, {TITLES.get(dataset, dataset)}, temperature {temperature:g}{tokens}:", "",
+        out += [f"{model}, {title(dataset)}, temperature {temperature:g}{tokens}:", "",
                 "| method | turns | tokens/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
-        g = g.assign(rank=g.method.map(_method_rank)).sort_values(["rank", "method", "config_hash"])
+        g = g.assign(rank=g.method.map(method_rank)).sort_values(["rank", "method", "config_hash"])
         many = g.method.duplicated(keep=False)
         for r, several in zip(g.itertuples(), many):  # several configs of one method: what differs names them
             name = f"{labels.get(r.config_hash, r.method)} ({r.config_hash})" if several else r.method

@@ -6,7 +6,8 @@ The oracle (``method=oracle``, a tau ceiling whose speed is no method's) is not 
 
 ``table1_frame`` builds the numbers (long format, one line per table cell) from ``analysis.metrics``;
 ``to_markdown`` and ``to_latex`` only lay them out. Published numbers come from
-``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``).
+``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``, columns named by its ``# Columns:`` line).
+Benchmarks, their column titles and the order of benchmarks and methods come from ``eagle2.registry``.
 """
 
 from __future__ import annotations
@@ -18,39 +19,46 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics import ORACLE, method_table, variant_labels
+from eagle2.registry import benchmark, known_benchmarks, method_rank
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "eagle2_table1.tsv"
-DATASETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq"]
-TITLES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
-          "cnn_dm": "CNN/DM", "nq": "NaturalQ", "mean": "Mean"}
 PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B", "llama2chat13b": "L2-13B"}
 PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
-METHOD_ORDER = ["sps", "pld", "medusa", "eagle", "eagle2", "eagle3"]
 COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash",
            "dtype"]
 
 
+def title(dataset: str) -> str:
+    """A benchmark's column title ("MT-bench"); ``mean`` -> "Mean"; an unregistered dataset keeps its name."""
+    return "Mean" if dataset == "mean" else benchmark(dataset).title if dataset in known_benchmarks() else dataset
+
+
+def in_table_order(datasets) -> list[str]:
+    """The registered benchmarks among ``datasets`` in their order, then the others sorted (no ``mean``)."""
+    present, known = set(datasets) - {"mean"}, known_benchmarks()
+    return [d for d in known if d in present] + sorted(present - set(known))
+
+
 def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
-    """The paper's Table 1, long: temperature, model (paper code), method (paper name), dataset, speedup, tau."""
+    """The paper's Table 1, long: temperature, model (paper code), method (paper name), dataset, speedup, tau.
+    Its columns are named by its own ``# Columns:`` line; a benchmark column is matched by its title."""
     path = Path(path)
     if not path.is_file():
         return pd.DataFrame(columns=["temperature", "model", "method", "dataset", "speedup", "tau"])
-    names = {v: k for k, v in TITLES.items()}
-    header = ["temp", "model", "method", *TITLES.values()]
+    lines = path.read_text().splitlines()
+    header = next(ln.split(":", 1)[1].strip().split("\t") for ln in lines if ln.startswith("# Columns:"))
+    names = {title(d): d for d in [*known_benchmarks(), "mean"]}
     out = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         if not line.strip() or line.startswith("#"):
             continue
         cells = dict(zip(header, line.split("\t")))
-        for title in TITLES.values():
-            speedup, tau = cells[title].split("/")
+        for column in header[3:]:
+            speedup, tau = cells[column].split("/")
             out.append({"temperature": float(cells["temp"]), "model": cells["model"], "method": cells["method"],
-                        "dataset": names[title], "speedup": float(speedup.rstrip("x")), "tau": float(tau)})
+                        "dataset": names.get(column, column), "speedup": float(speedup.rstrip("x")),
+                        "tau": float(tau)})
     return pd.DataFrame(out)
-
-
-def _method_rank(method: str) -> int:
-    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
 
 
 def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -86,7 +94,7 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
     if published is not None and not published.empty:
         frame = pd.concat([frame, _paper_cells(frame, published)], ignore_index=True)
     frame = _with_means(frame, published)
-    frame["order"] = [(_method_rank(m), 1 if s == "paper" else 0) for m, s in zip(frame.method, frame.source)]
+    frame["order"] = [(method_rank(m), 1 if s == "paper" else 0) for m, s in zip(frame.method, frame.source)]
     frame = frame.sort_values(["model", "temperature", "order", "label"]).drop(columns="order")
     return frame.reset_index(drop=True)[COLUMNS], notes
 
@@ -97,7 +105,7 @@ def _paper_cells(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
         code = PAPER_MODELS.get(model)
         if code is None:
             continue
-        for method in sorted(set(g.method), key=_method_rank):
+        for method in sorted(set(g.method), key=method_rank):
             paper = published[(published.model == code) & (published.temperature == temp)
                               & (published.method == PAPER_METHODS.get(method, ""))]
             for _, p in paper[paper.dataset != "mean"].iterrows():
@@ -116,7 +124,7 @@ def _with_means(frame: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataF
             cells = lg[lg.dataset.isin(shown)]
             first = lg.iloc[0]
             speedup, tau = cells.speedup.mean(skipna=False), cells.tau.mean()
-            if first.source == "paper" and published is not None and shown == set(DATASETS):
+            if first.source == "paper" and published is not None and shown == set(known_benchmarks()):
                 paper = published[(published.model == PAPER_MODELS[model]) & (published.temperature == temp)
                                   & (published.method == PAPER_METHODS[first.method]) & (published.dataset == "mean")]
                 if not paper.empty:  # the paper's own Mean column
@@ -128,7 +136,7 @@ def _with_means(frame: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataF
 
 def _datasets_shown(frame: pd.DataFrame) -> list[str]:
     present = set(frame[frame.source == "ours"].dataset)
-    return [d for d in DATASETS if d in present] + sorted(present - set(DATASETS) - {"mean"}) + ["mean"]
+    return [*in_table_order(present), "mean"]
 
 
 def fmt_speedup(value: float) -> str:
@@ -162,7 +170,7 @@ def to_markdown(frame: pd.DataFrame) -> str:
     for model, temp, lines in _grid(frame, columns):
         body = [[label] + [("—" if c is None else f"{fmt_speedup(c[0])} / {fmt_tau(c[1])}") for c in cells.values()]
                 for label, cells in lines]
-        head = ["Method"] + [TITLES.get(d, d) for d in columns]
+        head = ["Method"] + [title(d) for d in columns]
         parts.append(f"### {model}, temperature {temp:g}\n\n" + pd.DataFrame(body, columns=head).to_markdown(
             index=False) + "\n")
     return "\n".join(parts)
@@ -182,7 +190,7 @@ def to_latex(frame: pd.DataFrame) -> str:
     width = 1 + 2 * len(columns)
     lines = [r"% Table 1 (generated by analysis.report). Needs \usepackage{booktabs}.",
              r"\begin{tabular}{l" + " rr" * len(columns) + "}", r"\toprule",
-             " & " + " & ".join(rf"\multicolumn{{2}}{{c}}{{{_tex(TITLES.get(d, d))}}}" for d in columns) + r" \\",
+             " & " + " & ".join(rf"\multicolumn{{2}}{{c}}{{{_tex(title(d))}}}" for d in columns) + r" \\",
              " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
              "Method & " + " & ".join([r"Speedup & $\tau$"] * len(columns)) + r" \\", r"\midrule"]
     for model, temp, rows in _grid(frame, columns):
@@ -208,7 +216,7 @@ def oracle_markdown(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "No oracle rows (method=oracle at temperature 0): no oracle efficiency.\n"
     present = set(frame.dataset)
-    columns = [d for d in DATASETS if d in present] + sorted(present - set(DATASETS))
+    columns = in_table_order(present)
     parts = ["Oracle efficiency: a method's tau over the oracle's on the same question turns (the oracle proposes "
              "what the target will emit, as deep as the method drafts: oracle depth in brackets). Cells: "
              "tau / oracle tau = share. The oracle's speed is not a method's speed.\n"]
@@ -221,7 +229,7 @@ def oracle_markdown(frame: pd.DataFrame) -> str:
             body.append([f"{label} [oracle depth {depth}]"] + [
                 f"{cells.tau[d]:.2f} / {cells.oracle_tau[d]:.2f} = {cells.efficiency[d]:.2f}" if d in cells.index
                 else "—" for d in columns] + [f"{mean:.2f}"])
-        head = ["Method"] + [TITLES.get(d, d) for d in columns] + ["Mean share"]
+        head = ["Method"] + [title(d) for d in columns] + ["Mean share"]
         parts.append(f"### {model}, temperature {temp:g}\n\n" + pd.DataFrame(body, columns=head).to_markdown(
             index=False) + "\n")
     return "\n".join(parts)

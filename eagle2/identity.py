@@ -1,7 +1,7 @@
 """``python -m eagle2.identity RESULTS``: the identity audit's command line. It audits new greedy turns
-(``eagle2.bench.identity``, which loads the target), then prints the summary table (``analysis.identity``)
-and names every algorithmic divergence; the exit status is 1 when there is one, 2 when a dtype's
-tolerance is unmeasured and not allowed."""
+(``eagle2.bench.identity``, which loads the target), then prints the summary table
+(``eagle2.results.identity_records``) and names every algorithmic divergence; the exit status is 1 when
+there is one, 2 when a dtype's tolerance is unmeasured and not allowed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import eagle2.bench.identity as audit
-from analysis.identity import identity_table
-from eagle2.results.identity_records import load_audit_records
+from eagle2.results.identity_records import identity_table, load_audit_records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: float32 (float64 for float32 runs); run: the run's own dtype, tolerance doubled "
                          "(a 70B's fp32 reference, 282 GB, fits no single GPU machine)")
     ap.add_argument("--tolerance-factor", action="append", default=[], metavar="DTYPE=X",
-                    help="a factor measured by experiments.numeric_tolerance, e.g. float16=5.0 (repeatable)")
+                    help="a factor measured by experiments.research.numeric_tolerance, e.g. float16=5.0 (repeatable)")
     ap.add_argument("--allow-unmeasured", action="store_true",
                     help="audit float16 with bfloat16's borrowed factor (records say tolerance_measured: false)")
     args = ap.parse_args(argv)

@@ -1,1 +1,2 @@
-"""Named experiments: thin recipes over ``run.py`` sweeps and benchmarks, one per table or figure."""
+"""What runs on top of the library, in three rooms: ``bench`` (speed benchmarks, ``make bench-*``),
+``research`` (named experiments, ablations and studies) and ``ops`` (the GPU check)."""

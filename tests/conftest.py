@@ -126,7 +126,7 @@ def shared_rest_datastore(target):
     """One REST datastore per target object: the target's own greedy continuation (24 tokens) of each of
     the first 16 one-token prompts, so that retrieved drafts are often right, and as many random
     sequences, so that they are often wrong too."""
-    from eagle2.drafters.retrieval import Datastore
+    from eagle2.heads.rest_datastore import Datastore
 
     if target not in _DATASTORES:
         vocab, gen, entries = target.config.vocab_size, torch.Generator().manual_seed(7), []
@@ -145,7 +145,7 @@ def shared_drafter_weights(target, method=None) -> dict:
     datastore): the kinds ``method`` (a method config) needs, or all of them."""
     from omegaconf import OmegaConf
 
-    from eagle2.results.method_spec import method_spec
+    from eagle2.registry import method_spec
 
     makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore}
     needed = makers if method is None else method_spec(OmegaConf.create(method)).weights

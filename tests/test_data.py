@@ -8,11 +8,12 @@ import pytest
 
 from eagle2.bench.validation import QuestionFileError
 from eagle2.prompts.chat import render
-from eagle2.prompts.questions import BENCHMARKS, PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
+from eagle2.prompts.questions import PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
+from eagle2.registry import known_benchmarks
 from eagle2.training.corpus import training_prompts
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
+@pytest.mark.parametrize("name", known_benchmarks())
 def test_shipped_benchmarks_have_80_questions(name):
     qs = load_questions(benchmark_file(name))
     assert len(qs) == 80

@@ -1,11 +1,11 @@
-"""Extending a head's draft vocabulary by a corpus (experiments/draft_vocab.py): the head's order stays a
+"""Extending a head's draft vocabulary by a corpus (experiments/research/draft_vocab.py): the head's order stays a
 prefix, the corpus's new ids follow in its order, and coverage counts the held-out tokens an id set holds."""
 
 from __future__ import annotations
 
 import torch
 
-from experiments.draft_vocab import coverage, extended
+from experiments.research.draft_vocab import coverage, extended
 
 
 def test_extension_keeps_the_head_order_and_appends_new_ids():

@@ -1,4 +1,4 @@
-"""experiments.gpu_check's orchestration with fake stage processes (what each stage computes is
+"""experiments.ops.gpu_check's orchestration with fake stage processes (what each stage computes is
 tests/test_gpu_stages.py's): stage selection and order, a hung stage killed at its limit (its process
 group with it) while the later stages still run, the budget, gpu_check.json rewritten after every stage,
 and the exit codes. One test runs a real stage child (``syncs`` on the CPU: skipped, in seconds)."""
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.gpu_check import check as gpu_check
+from experiments.ops.gpu_check import check as gpu_check
 
-# A stand-in for `python -m experiments.gpu_check.stages STAGE --rows FILE`: argv = stage, rows file, behaviour.
+# A stand-in for `python -m experiments.ops.gpu_check.stages STAGE --rows FILE`: argv = stage, rows file, behaviour.
 # Each row records how many rows gpu_check.json held when the stage started ("seen") and its pids.
 FAKE_STAGE = r"""
 import json, os, pathlib, subprocess, sys, time
@@ -136,7 +136,7 @@ def test_gpu_without_cuda_torch_exits_2(tmp_path, fake, monkeypatch):
     fake({})
     assert check(tmp_path, "--stages", "syncs")[0] == 0  # --device cpu: the CPU half, whatever the machine
     assert gpu_check.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
-    monkeypatch.setattr("experiments.gpu_check.env.nvidia_gpus", lambda: ["GPU 0: NVIDIA H200 (fake)"])
+    monkeypatch.setattr("experiments.ops.gpu_check.env.nvidia_gpus", lambda: ["GPU 0: NVIDIA H200 (fake)"])
     assert gpu_check.main(["--out", str(tmp_path)]) == 2  # auto: a GPU torch cannot use is no CPU half
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"] == []
 
@@ -188,10 +188,10 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
     in a child where the packages absent from the lent image raise ImportError."""
     import ast
 
-    root = Path(gpu_check.__file__).resolve().parents[2]
-    modules = {"experiments.gpu_check", "experiments.gpu_check.check"}
+    root = Path(gpu_check.__file__).resolve().parents[3]
+    modules = {"experiments.ops.gpu_check", "experiments.ops.gpu_check.check"}
     for name in ("__main__", "check", "stages", "models", "env"):
-        for node in ast.walk(ast.parse((root / "experiments" / "gpu_check" / f"{name}.py").read_text())):
+        for node in ast.walk(ast.parse((root / "experiments" / "ops" / "gpu_check" / f"{name}.py").read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.add(node.module)
             elif isinstance(node, ast.Import):
@@ -211,8 +211,8 @@ def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
     """SIGTERM to the check (a device command past its limit) takes the stage's process group with it."""
     import signal
 
-    root = Path(gpu_check.__file__).resolve().parents[2]
-    script = ("import sys\nfrom experiments.gpu_check import check as gpu_check\n"
+    root = Path(gpu_check.__file__).resolve().parents[3]
+    script = ("import sys\nfrom experiments.ops.gpu_check import check as gpu_check\n"
               "from tests.test_gpu_check import FAKE_STAGE\n"
               "gpu_check.stage_command = lambda stage, device, rows: [sys.executable, '-c', FAKE_STAGE, stage, "
               "str(rows), 'hang' if stage == 'verify_cost' else 'ok']\n"

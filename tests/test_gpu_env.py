@@ -1,4 +1,4 @@
-"""experiments.gpu_check.env, the launcher of ``make gpu-check``, in a simulated GPU machine: a fake
+"""experiments.ops.gpu_check.env, the launcher of ``make gpu-check``, in a simulated GPU machine: a fake
 ``nvidia-smi`` on the PATH, a faked device node, faked missing packages, this machine's CPU build of
 torch, a fake interpreter standing for the GPU image's. Each refusal path and its exit code."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.gpu_check import env as gpu_env
+from experiments.ops.gpu_check import env as gpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SMI = "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H200 (UUID: GPU-00000000-fake)'\n"
@@ -107,11 +107,11 @@ def pure_wheel(folder: Path, name: str) -> Path:
 
 def fake_gpu_python(tmp: Path) -> Path:
     """An interpreter standing for the GPU image's: torch's probe says CUDA works; ``-m
-    experiments.gpu_check ARGS`` prints ARGS and exits 7; anything else is this Python."""
+    experiments.ops.gpu_check ARGS`` prints ARGS and exits 7; anything else is this Python."""
     python = tmp / "gpu-python"
     python.write_text("#!/bin/sh\n"
                       "case \"$2\" in *'import torch'*) echo '1 2.11.0+cu130 13.0 NVIDIA H200 (fake)'; exit 0;; esac\n"
-                      "if [ \"$2\" = experiments.gpu_check ]; then shift 2; echo \"CHECK ARGS: $*\"; exit 7; fi\n"
+                      "if [ \"$2\" = experiments.ops.gpu_check ]; then shift 2; echo \"CHECK ARGS: $*\"; exit 7; fi\n"
                       f"exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     return python
@@ -132,7 +132,7 @@ def test_bundle_installs_offline_and_missing_run_packages_are_only_named(machine
 
 def test_ready_machine_runs_the_check_with_its_exit_status(machine, tmp_path):
     tmp = machine(gpu=True)
-    cmd = [sys.executable, "-m", "experiments.gpu_check.env", "--bundle", str(tmp / "bundle"),
+    cmd = [sys.executable, "-m", "experiments.ops.gpu_check.env", "--bundle", str(tmp / "bundle"),
            "--site", str(tmp / "site"), "--python", str(fake_gpu_python(tmp)),
            "--", "--stages", "syncs", "--budget-s", "60"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

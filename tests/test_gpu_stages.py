@@ -1,4 +1,4 @@
-"""The GPU check's random-model stages (experiments.gpu_check.stages) at CPU-proxy size, and their negative
+"""The GPU check's random-model stages (experiments.ops.gpu_check.stages) at CPU-proxy size, and their negative
 controls: a broken acceptance rule and a broken cache commit make the audits fail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle2.core import engine
-from experiments.gpu_check import stages as gs
+from experiments.ops.gpu_check import stages as gs
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -41,7 +41,7 @@ def test_the_audit_judges_with_the_factor_it_measured(monkeypatch):
     """The row's factor is the one measured on its model (the suggested factor of its own ratios), every
     turn is judged with it, and the process's factors are as they were afterwards."""
     from eagle2.bench import identity
-    from experiments.numeric_tolerance import suggested_factor
+    from experiments.research.numeric_tolerance import suggested_factor
 
     used, real = [], identity.classify
     monkeypatch.setattr(identity, "classify", lambda *a, **k: used.append(

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from analysis.metrics import iter_rows, load_failures
 from analysis.report import build_report
 from eagle2.heads.eagle_head import save_head
-from experiments.recipe import EXPERIMENTS, commands
+from experiments.research.recipe import EXPERIMENTS, commands
 from tests.conftest import tiny_head
 
 ROOT = Path(__file__).resolve().parents[1]

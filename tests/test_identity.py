@@ -1,4 +1,4 @@
-"""The identity audit tells numeric drift from algorithmic errors (eagle2.bench.identity, analysis.identity).
+"""The identity audit tells numeric drift from algorithmic errors (eagle2.bench.identity, its summary).
 
 Unit tests classify hand-made logits; the end-to-end test runs SmolLM2 in bf16 (where outputs drift
 from plain decoding at near-ties) and shows the audit finds only numeric divergences for a lossless
@@ -13,10 +13,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import eagle2.core.engine as engine
-from analysis.identity import identity_table
 from eagle2.bench.identity import audit_results, classify, tolerance
 from eagle2.bench.runner import run
 from eagle2.prompts.questions import PROJECT_ROOT
+from eagle2.results.identity_records import identity_table
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -120,7 +120,7 @@ def test_numeric_tolerance_measures_a_gpu_model_config_on_a_given_device(tmp_pat
     """``--model vicuna7b --device ...``: the config's template and weights (here a tiny random stand-in)."""
     from transformers import LlamaConfig
 
-    from experiments import numeric_tolerance
+    from experiments.research import numeric_tolerance
     from tests.zoo_fixtures import write_target
 
     folder = write_target(tmp_path / "t", LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,

@@ -14,7 +14,7 @@ from tests.test_greedy import QUESTIONS, decode
 @pytest.fixture(scope="module")
 def corpus_datastore():
     """A datastore of the shipped conversations corpus (SmolLM2 token shards, tracked in git)."""
-    from eagle2.drafters.retrieval import Datastore
+    from eagle2.heads.rest_datastore import Datastore
     from eagle2.training.datastore import SHIPPED_SHARDS, chat_entries
 
     return Datastore.from_entries(chat_entries([SHIPPED_SHARDS]))

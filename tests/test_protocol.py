@@ -15,12 +15,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from analysis.metrics import iter_rows
-from eagle2.bench import rows, runner
+from eagle2.bench import rows, runner, turns
 from eagle2.bench.resolvers import device_type
 from eagle2.core.engine import ContextOverflowError
 from eagle2.prompts.chat import encode_conversation
 from eagle2.results.store import config_hash
-from experiments.recipe import EXPERIMENTS
+from experiments.research.recipe import EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTHORS_SYSTEM = "You are a helpful, respectful and honest assistant. Always answer as helpfully as possible"
@@ -136,7 +136,8 @@ def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_r
         calls.append((len(prompt), max_new))
         return real(target, drafter, prompt, params, max_new, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "generate", counting)
+    monkeypatch.setattr(runner, "generate", counting)  # the warm-up
+    monkeypatch.setattr(turns, "generate", counting)  # the recorded turns
     common = ["logger=none", "method=plain", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=3",
               "threads=1", "model.dtype=float32"]
     runner.run(cfg_of(*common, "warmup_questions=2", f"paths.results={tmp_path / 'a'}"))

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
-from eagle2.drafters.retrieval import PAD, Datastore, top_prefixes
 from eagle2.drafters.suffix_tree import SuffixTree
+from eagle2.heads.rest_datastore import PAD, Datastore, top_prefixes
 
 RNG_ENTRIES = [np.random.default_rng(s).integers(0, 4, size=30 + s).tolist() for s in range(20)]
 
@@ -148,11 +148,12 @@ def test_global_tree_carries_outputs_across_requests_of_a_run():
 
 
 def test_a_missing_datastore_is_one_line_naming_the_build(tmp_path):
-    from eagle2.bench.runner import WEIGHT_LOADERS
-    from eagle2.bench.validation import ConfigError
+    from eagle2.heads.checkpoint import WeightFileError
+    from eagle2.heads.kinds import weight_kinds
 
-    with pytest.raises(ConfigError, match=r"python -m experiments\.build_datastore --corpus chat --out") as err:
-        WEIGHT_LOADERS["rest_datastore"](str(tmp_path / "none.npz"), None)
+    build = r"python -m experiments\.ops\.build_datastore --corpus chat --out"
+    with pytest.raises(WeightFileError, match=build) as err:
+        weight_kinds()["rest_datastore"].load(str(tmp_path / "none.npz"), None)
     assert "\n" not in str(err.value)
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from eagle2.bench.runner import run
 from eagle2.heads.shapes import PUBLISHED, llama_config
-from eagle2.results.method_spec import known_methods, method_spec
+from eagle2.registry import known_methods, method_spec
 from eagle2.results.store import read_rows
 from tests.test_runner import config
 from tests.zoo_fixtures import SPECIAL_TOKENS, WEIGHT_WRITERS, write_target

@@ -212,9 +212,9 @@ def write_eagle3_head(folder: Path, target_config: LlamaConfig, seed: int = 4, *
 
 
 def write_rest_datastore(folder: Path, target_config: LlamaConfig, seed: int = 5) -> Path:
-    """A REST datastore (``eagle2.drafters.retrieval``) of random sequences over the byte tokens' ids (the
+    """A REST datastore (``eagle2.heads.rest_datastore``) of random sequences over the byte tokens' ids (the
     zoo tokenizer's first 259 ids), so that some contexts match; returns the ``.npz`` file."""
-    from eagle2.drafters.retrieval import Datastore
+    from eagle2.heads.rest_datastore import Datastore
 
     gen = torch.Generator().manual_seed(seed)
     ids = min(259, target_config.vocab_size)

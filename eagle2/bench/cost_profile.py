@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eagle2.core.cache import crop, forward_target, new_cache
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import device_clock
 from eagle2.core.features import LayerTap
 from eagle2.core.kernels import kernels_in_use
 from eagle2.drafters.budget import CostProfile

@@ -19,7 +19,7 @@ itself was float32).
 **Tolerance.** A logit computed in a dtype with machine epsilon ``eps`` carries an error that grows
 with the logit scale, so ``tol = TOLERANCE_FACTORS[dtype] * eps(dtype) * max|z|`` at each position,
 with z the reference logits. The factors are measured, not guessed (``python -m
-experiments.numeric_tolerance --dtype D``: SmolLM2-135M on MT-bench prompts, one-token forwards and
+experiments.research.numeric_tolerance --dtype D``: SmolLM2-135M on MT-bench prompts, one-token forwards and
 teacher-forced forwards in D against the reference): the error of the gap between any of the
 reference top-5 tokens and the top-1, over eps * max|z|. bfloat16 (776 positions): median 0.56, 99th
 percentile 1.58, maximum 3.44, and the 20 positions where bf16 disagreed with itself had fp32
@@ -27,7 +27,7 @@ margins <= 0.22 logits against a tolerance there of ~0.8 (eps = 2**-7, max|z| ~ 
 float32 (388 positions, fp64 reference): median 2.5, p99 7.1, maximum 9.6 (long fp32 dot products
 accumulate more error per eps than bf16 kernels, which accumulate in fp32); factor 16. float16 is
 UNMEASURED (not measurable on this CPU; its eps is 8x smaller than bf16's, so bf16's factor says
-nothing about it): until ``python -m experiments.numeric_tolerance --device cuda --model vicuna7b
+nothing about it): until ``python -m experiments.research.numeric_tolerance --device cuda --model vicuna7b
 --dtype float16`` is run on a GPU and its factor passed (``--tolerance-factor float16=X``), an fp16
 audit warns, its records say ``tolerance_measured: false``, and the command line refuses it unless
 ``--allow-unmeasured``. A wrong token accepted by a broken rule is typically several logits below
@@ -57,7 +57,7 @@ import torch
 TOLERANCE_FACTORS = {"bfloat16": 4.0, "float16": 4.0, "float32": 16.0}
 MEASURED = {"bfloat16", "float32"}  # float16's entry is bfloat16's, borrowed until measured on a GPU
 HALF_REFERENCE_FACTOR = 2.0  # a reference in the run's own half dtype: two half computations' errors add
-MEASURE_COMMAND = "python -m experiments.numeric_tolerance --device cuda --model vicuna7b --dtype {dtype}"
+MEASURE_COMMAND = "python -m experiments.research.numeric_tolerance --device cuda --model vicuna7b --dtype {dtype}"
 _warned: set[str] = set()
 
 
@@ -66,7 +66,7 @@ class UnmeasuredToleranceError(ValueError):
 
 
 def set_tolerance_factor(dtype_name: str, factor: float) -> None:
-    """Use a factor measured by ``experiments.numeric_tolerance`` (for float16: on a GPU)."""
+    """Use a factor measured by ``experiments.research.numeric_tolerance`` (for float16: on a GPU)."""
     from eagle2.core.precision import dtype_name as canonical
 
     if not factor > 0:
@@ -161,16 +161,11 @@ def classify(logits: torch.Tensor, output: list[int], plain_output: list[int] | 
 
 def audit_pairs(results: str | Path):
     """(rows file, spec rows, matched plain rows) for every greedy speculative config under ``results``."""
-    from eagle2.results.frames import baseline_rows, load_rows
+    from eagle2.results.frames import greedy_configs, load_rows
 
-    rows = load_rows(results)
-    if rows.empty:
-        return
-    greedy = rows[rows.temperature == 0]
-    for chash, g in greedy[greedy.method != "plain"].groupby("config_hash"):
+    for chash, g, base in greedy_configs(load_rows(results)):
         first = g.iloc[0]
-        rows_file = Path(results) / first.dataset / first.model / f"{first.method}-{chash}.jsonl"
-        yield rows_file, g, baseline_rows(rows, g)
+        yield Path(results) / first.dataset / first.model / f"{first.method}-{chash}.jsonl", g, base
 
 
 class ReferenceModels:

@@ -1,12 +1,12 @@
 """The method registry's harness half: build the drafter a method config names (its spec, which drafter
-and which weights, is read by ``eagle2.results.method_spec``), handing it its weights and, for an auto
+and which weights, is read by ``eagle2.registry``), handing it its weights and, for an auto
 budget (``total_tokens=auto``), the cost profile the harness measures (``eagle2.bench.cost_profile``)."""
 
 from __future__ import annotations
 
 import importlib
 
-from eagle2.results.method_spec import MethodSpec, method_spec
+from eagle2.registry import MethodSpec, method_spec
 
 
 def drafter_factory(spec: MethodSpec):

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
-from eagle2.bench.placement import summary as placement_summary
-from eagle2.bench.rows import failed_row, fit_prompt, make_row, row_generator, summarize
+from eagle2.bench.rows import failed_row, fit_prompt, summarize
+from eagle2.bench.turns import decode_turns
 from eagle2.core.engine import ContextOverflowError, generate
 from eagle2.core.kernels import accelerate, kernels_in_use
 from eagle2.core.precision import concrete_dtype
 from eagle2.core.sampling import SamplingParams
+from eagle2.heads.kinds import weight_kinds
 from eagle2.prompts.chat import encode_conversation, stop_ids
 from eagle2.prompts.questions import PROJECT_ROOT, benchmark_file, load_questions
-from eagle2.results.method_spec import method_spec
+from eagle2.registry import method_spec
 from eagle2.results.store import ResultStore, StoreBusyError, StoreWriteError, config_hash
 
 log = logging.getLogger(__name__)
@@ -51,45 +51,6 @@ def dataset_questions(cfg: DictConfig) -> list[dict]:
         return load_hub_questions(ds.hub, ds.limit)
     path = ds.path or benchmark_file(ds.name)
     return load_questions(path, ds.limit)
-
-
-def _load_head(location, target):
-    from eagle2.heads.eagle_head import load_head
-
-    return load_head(location, target)
-
-
-def _load_sps_draft(location, target):
-    from eagle2.heads.draft_model import load_draft_model
-
-    return load_draft_model(location, target)
-
-
-def _load_medusa_head(location, target):
-    from eagle2.heads.medusa_heads import load_medusa_heads
-
-    return load_medusa_heads(location, target)
-
-
-def _load_eagle3_head(location, target):
-    from eagle2.heads.eagle3_head import load_eagle3_head
-
-    return load_eagle3_head(location, target)
-
-
-def _load_rest_datastore(location, target):
-    from eagle2.bench.validation import ConfigError
-    from eagle2.drafters.retrieval import Datastore
-
-    if not Path(location).is_file():
-        raise ConfigError(f"no REST datastore at {location}: build it with `python -m experiments.build_datastore "
-                          f"--corpus chat --out {location}` (or --corpus code)")
-    return Datastore.load(location)
-
-
-WEIGHT_LOADERS = {"head": _load_head, "sps_draft": _load_sps_draft,
-                  "medusa_head": _load_medusa_head, "eagle3_head": _load_eagle3_head,
-                  "rest_datastore": _load_rest_datastore}  # model-config key -> loader
 
 
 def drafter_locations(cfg: DictConfig) -> dict[str, str]:
@@ -119,9 +80,10 @@ def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) 
 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
-    """The drafter weights the method needs (its YAML's ``weights``), by model-config key, with the
-    target's fast kernels (``model.kernels``) where they are modules (a REST datastore is data)."""
-    loaded = {key: WEIGHT_LOADERS[key](location, target) for key, location in drafter_locations(cfg).items()}
+    """The drafter weights the method needs (its YAML's ``weights``), by model-config key, each read by its
+    weight kind's loader (``eagle2.heads.kinds``), with the target's fast kernels (``model.kernels``) where
+    they are modules (a REST datastore is data)."""
+    loaded = {key: weight_kinds()[key].load(location, target) for key, location in drafter_locations(cfg).items()}
     return {key: accelerate(w, cfg.model.get("kernels", "auto")) if isinstance(w, torch.nn.Module) else w
             for key, w in loaded.items()}
 
@@ -130,11 +92,6 @@ def _reset_peak_memory(device) -> None:
     """Start this config's peak-memory count (a sweep runs many configs in one process)."""
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def _free_after_oom(device) -> None:
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:
@@ -218,41 +175,9 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
 
     warm_up(cfg, questions, tokenizer, decode, context)
     run_state.clear()  # recorded turns never draft from the warm-up's own outputs
-    if int(cfg.get("batch_size") or 1) > 1:
-        from eagle2.bench.batched import decode_batched
-
-        return decode_batched(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
-                              weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
-                              kernels=kernels, logger=logger, run_state=run_state)
-    bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
-    try:
-        for q in questions:
-            answers: list[str] = []
-            for turn in range(len(q["turns"])):
-                bar.update(1)
-                done = store.finished(q["question_id"], turn)
-                if done:
-                    answers.append(done["output_text"])
-                    continue
-                try:
-                    prompt = encode_conversation(tokenizer, cfg.model.template, q["turns"][: turn + 1], answers,
-                                                 cfg.model.system_prompt)
-                    prompt = fit_prompt(prompt, cfg, context)
-                    out = decode(prompt, row_generator(cfg.seed, q["question_id"], turn, target.device))
-                except (ContextOverflowError, RuntimeError) as exc:  # RuntimeError includes CUDA out of memory
-                    if isinstance(exc, torch.OutOfMemoryError):
-                        _free_after_oom(cfg.model.device)
-                    log.error("question %s turn %d failed: %s", q["question_id"], turn, exc)
-                    store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
-                    break  # later turns need this answer
-                row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels,
-                               placement=placement_summary(target))
-                store.append(row, out.nodes)
-                logger.log_row(row)
-                answers.append(row["output_text"])
-    finally:
-        bar.close()
-        logger.finish(summarize(store, questions))
+    decode_turns(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
+                 weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
+                 kernels=kernels, logger=logger, run_state=run_state)
 
 
 def warm_up(cfg, questions: list[dict], tokenizer, decode, context: int) -> None:

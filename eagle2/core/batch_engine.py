@@ -34,16 +34,17 @@ import torch
 
 from eagle2.core.batch_cache import BatchCache
 from eagle2.core.cache import forward_target, new_cache
-from eagle2.core.clock import Clock
+from eagle2.core.clock import Clock, device_clock
 from eagle2.core.engine import (
     ContextOverflowError,
     GenerationOutput,
     Sequence,
+    context_limit,
     decode_round,
-    device_clock,
     feature_tap,
+    prefill,
 )
-from eagle2.core.sampling import SamplingParams, next_token
+from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree, additive_mask
 
 
@@ -141,16 +142,13 @@ class BatchEngine:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         self.target, self.params, self.eos, self.rows = target, params, set(eos_ids), int(batch_size)
-        self.limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
+        self.limit = context_limit(target, max_context)
         self.refill = refill
         self.device = target.device
         self.tap = None
         self._tap_layers = None
 
     # -- admission ---------------------------------------------------------------------------------
-    def _features(self, hidden):
-        return hidden if self.tap is None else self.tap.read()
-
     def _ensure_tap(self, drafter) -> None:
         layers = getattr(drafter, "feature_layers", None) if drafter.needs_hidden else None
         layers = tuple(layers) if layers else None
@@ -162,16 +160,11 @@ class BatchEngine:
 
     def _admit(self, req: BatchRequest, slot: int, cache: BatchCache) -> _Row:
         """Prefill ``req`` alone, copy its KV into ``slot``; its drafter starts."""
-        if len(req.prompt_ids) + 1 > self.limit:
-            raise ContextOverflowError(f"prompt of {len(req.prompt_ids)} tokens leaves no room in a context of "
-                                       f"{self.limit}")
         self._ensure_tap(req.drafter)
         t0 = device_clock(self.device)
         single = new_cache(self.target)
-        hidden = forward_target(self.target, torch.tensor([req.prompt_ids], device=self.device), single)
-        first = next_token(self.target.lm_head(hidden[0, -1]), self.params, req.generator)
-        feats = self._features(hidden)
-        req.drafter.start(req.prompt_ids, first, feats[0] if req.drafter.needs_hidden else None)
+        first = prefill(self.target, single, req.prompt_ids, req.drafter, self.params, req.generator, self.limit,
+                        self.tap)
         cache.load_row(slot, single)
         t1 = device_clock(self.device)
         return _Row(req, Sequence(req.drafter, req.generator, [first]), t1 - t0, t1, t0)

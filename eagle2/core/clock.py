@@ -2,8 +2,8 @@
 
 A ``Clock``'s marks are recorded as the work is queued and read as seconds once, after the last one
 (``resolve``: one wait, on the last event, per generation). ``Spans`` time repeated pieces of work (a
-drafter's own forwards) the same way. ``eagle2.core.engine.device_clock`` (a CUDA sync, then perf_counter)
-stays for benchmarks that mean to wait for the device at each reading.
+drafter's own forwards) the same way. ``device_clock`` (a CUDA sync, then perf_counter) is for benchmarks
+that mean to wait for the device at each reading.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ from contextlib import contextmanager
 import torch
 
 Event = torch.cuda.Event  # a name tests can replace with a fake event class
+
+
+def device_clock(device) -> float:
+    """perf_counter after the device's queued work is done (a CUDA sync), for benchmarks that mean to wait;
+    decoding rounds are timed by ``Clock`` (no syncs)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def uses_events(device) -> bool:

@@ -11,9 +11,8 @@ The drafter interface is ``eagle2.drafters.base.Drafter``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -64,14 +63,6 @@ class GenerationOutput:
         return len(self.accept_lengths)
 
 
-def device_clock(device) -> float:
-    """perf_counter after the device's queued work is done (a CUDA sync), for benchmarks that mean to wait;
-    decoding rounds are timed by ``eagle2.core.clock`` (no syncs)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def _record_nodes(store: dict[str, list], tree: DraftTree, round_idx: int, path: list[int]) -> None:
     if not tree.records:
         return
@@ -89,7 +80,43 @@ def feature_tap(target, drafter) -> LayerTap | None:
     return LayerTap(target, layers, getattr(drafter, "device", None)) if layers else None  # on the head's device
 
 
+def context_limit(target, max_context: int | None) -> int:
+    """Positions the target may hold: ``max_context``, else its config's, else unbounded."""
+    return max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
+
+
+def prefill(target, cache, prompt_ids: list[int], drafter, params: SamplingParams, generator, limit: int,
+            tap: LayerTap | None) -> int:
+    """The prompt's forward into ``cache``, the first token sampled from its last position and the drafter
+    started on them (with the target's features where it reads them); returns the first token. A prompt
+    that leaves no room for one more position is refused (``ContextOverflowError``)."""
+    if len(prompt_ids) + 1 > limit:
+        raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
+    hidden = forward_target(target, torch.tensor([prompt_ids], device=target.device), cache)  # (1, P, H)
+    first = next_token(target.lm_head(hidden[0, -1]), params, generator)
+    feats = hidden if tap is None else tap.read()
+    drafter.start(prompt_ids, first, feats[0] if drafter.needs_hidden else None)
+    return first
+
+
 # ---- one round, for one sequence or a batch of them -------------------------------------------------
+
+class RoundMarks(NamedTuple):
+    """One round of one sequence as ``decode_round`` leaves it, settled into ``RoundStats`` once the clock
+    is resolved: marks (indices into the clock's readings) and the drafter's forward count around propose."""
+
+    propose_start: int
+    propose_end: int
+    verify_start: int
+    verify_end: int
+    round_end: int  # after accept and commit
+    forwards_before: float  # ``Sequence.forward_count`` before propose and at the round's end
+    forwards_after: float
+    live: int  # sequences sharing the round (acceptance and commit time is split among them)
+    tree_size: int
+    accepted: int
+    meta: dict  # the tree's facts and the verifier's
+
 
 @dataclass
 class Sequence:
@@ -103,7 +130,7 @@ class Sequence:
     accept_lengths: list[int] = field(default_factory=list)
     rounds: list[RoundStats] = field(default_factory=list)
     nodes: dict[str, list] = field(default_factory=dict)
-    pending: list[tuple] = field(default_factory=list)  # (marks, (tree size, accepted, meta)) not yet settled
+    pending: list[RoundMarks] = field(default_factory=list)  # rounds not yet settled
 
     def __post_init__(self):
         self.spans = getattr(self.drafter, "spans", None)  # its own forwards (None: no model, ``forward_time``)
@@ -118,13 +145,14 @@ class Sequence:
 
     def settle(self, seconds: list[float]) -> None:
         """Turn the pending rounds' marks into ``RoundStats`` (``seconds``: their clock, resolved)."""
-        for (t0, t1, v0, v1, t3, f0, f1, live), (size, accepted, meta) in self.pending:
+        for m in self.pending:
             # the drafter's spans end before the engine's last mark, already waited for: no second wait
+            f0, f1 = m.forwards_before, m.forwards_after
             draft_forward = self.spans.seconds(f0, f1, wait=False) if self.spans is not None else f1 - f0
-            draft = seconds[t1] - seconds[t0]
-            verify = seconds[v1] - seconds[v0]
-            other = (draft - draft_forward) + (seconds[t3] - seconds[v1]) / live  # acceptance, commit: shared
-            self.rounds.append(RoundStats(size, accepted, draft, draft_forward, verify, other, meta))
+            draft = seconds[m.propose_end] - seconds[m.propose_start]
+            verify = seconds[m.verify_end] - seconds[m.verify_start]
+            other = (draft - draft_forward) + (seconds[m.round_end] - seconds[m.verify_end]) / m.live  # shared
+            self.rounds.append(RoundStats(m.tree_size, m.accepted, draft, draft_forward, verify, other, m.meta))
         self.pending.clear()
 
     def output(self, eos_ids: set[int], max_new_tokens: int, prefill_s: float, wall_s: float) -> GenerationOutput:
@@ -146,7 +174,8 @@ def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, cl
         t0, f0 = clock.mark(), seq.forward_count()
         trees[row] = seq.drafter.propose(seq.out[-1], room=verifier.room(row))
         marks[row] = (t0, clock.mark(), f0)
-    v0 = clock.mark() if len(seqs) > 1 else marks[row][1]  # batch 1: verify starts where proposing ended
+    first_row = next(iter(seqs))
+    v0 = clock.mark() if len(seqs) > 1 else marks[first_row][1]  # batch 1: verify starts where proposing ended
     logits, features, facts = verifier.verify(trees)  # 2. verify: one target forward for every row
     v1 = clock.mark()
     accepted = {}
@@ -169,8 +198,8 @@ def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, cl
     t3 = clock.mark()
     for row, seq in seqs.items():
         t0, t1, f0 = marks[row]
-        seq.pending.append(((t0, t1, v0, v1, t3, f0, seq.forward_count(), len(seqs)),
-                            (len(trees[row]), len(accepted[row][0]), {**trees[row].meta, **facts})))
+        seq.pending.append(RoundMarks(t0, t1, v0, v1, t3, f0, seq.forward_count(), len(seqs), len(trees[row]),
+                                      len(accepted[row][0]), {**trees[row].meta, **facts}))
 
 
 class SingleVerifier:
@@ -202,9 +231,7 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
     """Decode with ``drafter``. Its features (``needs_hidden``) are the target's last hidden states,
     or the inputs of the target layers it names in ``feature_layers``, concatenated. ``in_place_cache``
     false: the target's KV cache is transformers' stock concatenating one (``make bench-engine``'s before)."""
-    limit = max_context or getattr(target.config, "max_position_embeddings", None) or 10**9
-    if len(prompt_ids) + 1 > limit:
-        raise ContextOverflowError(f"prompt of {len(prompt_ids)} tokens leaves no room in a context of {limit}")
+    limit = context_limit(target, max_context)
     tap = feature_tap(target, drafter)
     try:
         return _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit, tap,
@@ -216,13 +243,9 @@ def generate(target, drafter, prompt_ids: list[int], params: SamplingParams, max
 
 def _decode(target, drafter, prompt_ids, params, max_new_tokens, eos_ids, generator, limit,
             tap: LayerTap | None, cache) -> GenerationOutput:
-    device = target.device
-    clock = Clock(device)  # marks, read once after the last round: no timing syncs inside rounds
+    clock = Clock(target.device)  # marks, read once after the last round: no timing syncs inside rounds
     start = clock.mark()
-    hidden = forward_target(target, torch.tensor([prompt_ids], device=device), cache)  # (1, P, H)
-    first = next_token(target.lm_head(hidden[0, -1]), params, generator)
-    feats = hidden if tap is None else tap.read()
-    drafter.start(prompt_ids, first, feats[0] if drafter.needs_hidden else None)
+    first = prefill(target, cache, prompt_ids, drafter, params, generator, limit, tap)
     decode_start = clock.mark()
     seq, verifier = Sequence(drafter, generator, [first]), SingleVerifier(target, cache, len(prompt_ids), limit, tap)
     while not seq.finished(max_new_tokens, eos_ids, verifier.prefix, limit):

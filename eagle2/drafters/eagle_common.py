@@ -95,6 +95,10 @@ class HeadRunner:
         self.lm_head_device = next(self.lm_head.parameters()).device  # the last GPU's, when the target spans several
         self.vocab = None if vocab is None else vocab.to(device)  # token id of each drafting logit
         self.spans = Spans(device)  # its own forwards, read after the generation
+        self.cache, self.committed = None, 0  # the head's KV cache and the positions it holds (``start``)
+        self.pending_tokens, self.pending_feats = [], []  # (token, feature) pairs not yet fed
+        self.fed_parent: list[int] = []  # per fed tree node: its fed-parent index, -1 for the root
+        self.root_feature = None  # the head's output at the root of the tree being drafted
 
     # -- committed context -------------------------------------------------------------------
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
@@ -124,8 +128,7 @@ class HeadRunner:
         mask = causal_mask(n, self.committed, self.dtype, self.device)
         out = self._head(tokens, feats, positions, mask)
         self.committed += n
-        self.pending_tokens, self.pending_feats = [], []
-        self.fed_parent: list[int] = []  # per fed tree node: its fed-parent index, -1 for the root
+        self.pending_tokens, self.pending_feats, self.fed_parent = [], [], []
         self.root_feature = out[-1]
         return self.log_probs(out[-1:])[0]
 

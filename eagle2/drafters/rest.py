@@ -1,13 +1,13 @@
 """REST, retrieval-based speculative decoding (He et al., NAACL 2024): no draft model; each round the
 longest suffix of the context (``max_span`` tokens down to ``min_span``) is looked up in a datastore
-(``eagle2.drafters.retrieval``), the next ``continuation`` tokens of up to ``max_matches`` occurrences
+(``eagle2.heads.rest_datastore``), the next ``continuation`` tokens of up to ``max_matches`` occurrences
 are retrieved, and the ``num_draft`` most frequent of their prefixes form the draft trie (the authors'
 defaults: spans 16..2, 5000 matches, 10 tokens, 64 nodes).
 
 Nodes are chosen deterministically, so at temperature > 0 they are accepted by the rule for
 deterministically chosen siblings (``eagle2.core.accept``): lossless at any temperature. A node's
 confidence is its count over its parent's. The datastore is drafter data of the model (``model.rest_datastore``,
-built by ``python -m experiments.build_datastore``) and loaded once per run.
+built by ``python -m experiments.ops.build_datastore``) and loaded once per run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.counted_trie import tree_from_counts
-from eagle2.drafters.retrieval import Datastore, top_prefixes
+from eagle2.heads.rest_datastore import Datastore, top_prefixes
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,15 @@ finds nothing the tree is EAGLE-2's alone, and where it does the head's tree sti
 budget. The chain: of the two matches, the longer (the context's on a tie), followed by the most
 frequent next token at each step, ``lookup_k`` tokens (null: ``depth``). The context is a counted suffix
 tree (``eagle2.drafters.suffix_tree``, windows of ``max_depth``), the corpus the REST datastore
-(``eagle2.drafters.retrieval``: spans ``max_span``..``min_span``, ``max_matches`` occurrences).
+(``eagle2.heads.rest_datastore``: spans ``max_span``..``min_span``, ``max_matches`` occurrences).
 """
 
 from __future__ import annotations
 
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle2_dynamic import build as build_eagle2
-from eagle2.drafters.retrieval import Datastore, top_prefixes
 from eagle2.drafters.suffix_tree import SuffixTree
+from eagle2.heads.rest_datastore import Datastore, top_prefixes
 
 
 class RetrievedChain:

@@ -32,6 +32,7 @@ from eagle2.heads.checkpoint import (
     drop_rotary_buffers,
     read_weights,
 )
+from eagle2.heads.kinds import WeightKind
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +168,6 @@ def load_draft_model(location: str | Path, target):
     else:
         draft = _load_full_checkpoint(folder, target)
     return cast_like_target(draft, target).eval()
+
+
+WEIGHT_KIND = WeightKind("sps_draft", load_draft_model, save_draft_model)

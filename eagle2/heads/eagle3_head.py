@@ -39,6 +39,7 @@ from eagle2.heads.checkpoint import (
     read_weights,
     shared_or_own_embedding,
 )
+from eagle2.heads.kinds import WeightKind
 
 
 class Eagle3Attention(nn.Module):
@@ -247,3 +248,6 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | 
              for k, v in head.state_dict().items() if "rotary" not in k}
     save_file(state, str(folder / "model.safetensors"))
     return folder
+
+
+WEIGHT_KIND = WeightKind("eagle3_head", load_eagle3_head, save_eagle3_head)

@@ -41,6 +41,7 @@ from eagle2.heads.checkpoint import (
     read_weights,
     shared_or_own_embedding,
 )
+from eagle2.heads.kinds import WeightKind
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
@@ -156,3 +157,6 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = N
     if head.draft_vocab is not None:
         save_file({"token_ids": head.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
     return folder
+
+
+WEIGHT_KIND = WeightKind("head", load_head, save_head)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file
+from eagle2.heads.kinds import WeightKind
 
 log = logging.getLogger(__name__)
 
@@ -173,3 +174,6 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype
     if heads.draft_vocab is not None:
         save_file({"token_ids": heads.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
     return folder
+
+
+WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads)

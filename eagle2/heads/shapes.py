@@ -6,7 +6,7 @@ special token ids). From them ``llama_config`` builds a config with fewer layers
 (same heads, KV heads, vocabulary and RoPE; a smaller head dimension) where the real width does not
 fit, and ``random_llama`` a model with random weights initialised in one pass on the target device
 (no per-module init: a 7B model is ready in seconds on a GPU; ``fill_random`` does the same for any
-module). Used by ``experiments.gpu_check.models`` (the GPU check's models at the real shapes, no hub) and the
+module). Used by ``experiments.ops.gpu_check.models`` (the GPU check's models at the real shapes, no hub) and the
 zoo smoke tests (tests/test_zoo.py).
 Nothing here downloads anything.
 """

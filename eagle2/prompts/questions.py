@@ -1,4 +1,4 @@
-"""Benchmark questions: the six 80-question sets shipped in ``data/benchmarks``, or any JSONL file
+"""Benchmark questions: the sets shipped in ``data/benchmarks`` (one per ``conf/dataset`` YAML), or any JSONL file
 in the same format (``question_id``, ``category``, ``turns``), read with the standard library (a GPU node
 without ``datasets`` runs them); only a hub dataset (``dataset.hub``) needs ``datasets``."""
 
@@ -7,16 +7,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle2.registry import known_benchmarks
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS_DIR = PROJECT_ROOT / "data" / "benchmarks"
-BENCHMARKS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq")
 
 
 def benchmark_file(name: str, benchmarks_dir: str | Path | None = None) -> Path:
     folder = Path(benchmarks_dir) if benchmarks_dir else BENCHMARKS_DIR
     path = folder / name / "question.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"no benchmark {name!r} at {path}; shipped ones: {', '.join(BENCHMARKS)}")
+        raise FileNotFoundError(f"no benchmark {name!r} at {path}; shipped ones: {', '.join(known_benchmarks())}")
     return path
 
 
@@ -95,9 +96,10 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[dict]:
 
 
 def all_benchmark_questions(benchmarks_dir: str | Path | None = None) -> set[str]:
-    """Every turn of every shipped benchmark (to keep them out of training data)."""
+    """Every turn of every registered benchmark (to keep them out of training data); a registered
+    benchmark without its shipped file is an error, never skipped."""
     texts: set[str] = set()
-    for name in BENCHMARKS:
+    for name in known_benchmarks():
         for q in load_questions(benchmark_file(name, benchmarks_dir)):
             texts.update(t.strip() for t in q["turns"])
     return texts

@@ -46,3 +46,11 @@ def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
         shared = {h: len(turns & set(zip(b.question_id, b.turn))) for h, b in base.groupby("config_hash")}
         base = base[base.config_hash == max(shared, key=shared.get)]
     return base
+
+
+def greedy_configs(rows: pd.DataFrame):
+    """(config hash, its rows, the matched plain rows) for every greedy speculative config in ``rows``: the
+    pairs the identity audit checks and its summary counts."""
+    greedy = rows[rows.temperature == 0] if not rows.empty else rows
+    for chash, g in (greedy[greedy.method != "plain"].groupby("config_hash") if not rows.empty else ()):
+        yield chash, g, baseline_rows(rows, g)

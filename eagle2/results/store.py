@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eagle2.core.cpu import auto_dtype
-from eagle2.results.method_spec import SPEC_KEYS, method_spec
+from eagle2.registry import SPEC_KEYS, method_spec
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from eagle2.core.cache import forward_target, new_cache
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
 from eagle2.training.corpus import left_padded

@@ -1,4 +1,4 @@
-"""REST datastores (``eagle2.drafters.retrieval``) from a corpus; ``python -m experiments.build_datastore``
+"""REST datastores (``eagle2.heads.rest_datastore``) from a corpus; ``python -m experiments.ops.build_datastore``
 builds and caches them under ``artifacts/work/rest/`` (it loads the model's tokenizer, which this layer does not).
 
 ``chat`` takes whole conversations from token shards (``eagle2.training.token_shards``; ``--shards`` names
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from eagle2.drafters.retrieval import Datastore
+from eagle2.heads.rest_datastore import Datastore
 from eagle2.prompts.questions import PROJECT_ROOT
 
 SHAREGPT_SHARDS = PROJECT_ROOT / "artifacts/work/sharegpt/tokens"

@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import device_clock
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.plain import PlainDrafter
 from eagle2.training.token_shards import Conversation, read_token_shard, token_shard_paths, write_token_shard

@@ -3,7 +3,7 @@
 Both decode MT-bench first turns on SmolLM2 in ``--dtype`` (default bfloat16; outputs equal in float32,
 identity-audited in bfloat16) with the shipped SpS draft (or ``--draft``); EOS is
 disabled so both produce the same number of tokens. Prints tokens/s of both, their median ratio
-and our mean accepted length. Run: ``python -m experiments.bench_sps_vs_assisted``.
+and our mean accepted length. Run: ``python -m experiments.bench.bench_sps_vs_assisted``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.heads.draft_model import load_draft_model
-from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
+from experiments.bench.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:

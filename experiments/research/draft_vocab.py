@@ -8,8 +8,8 @@ vocabulary covers: the head's own, the corpus's (its answer tokens by frequency)
 by the corpus's tokens it lacks (appended in the corpus's order, so every prefix the head drafted over
 before stays as it was). ``--write`` stores the extended one in the head folder.
 
-    python -m experiments.draft_vocab                  # the table (shipped EAGLE head, the conversations)
-    python -m experiments.draft_vocab --write          # ... and extend the head's draft vocabulary
+    python -m experiments.research.draft_vocab                  # the table (shipped EAGLE head, the conversations)
+    python -m experiments.research.draft_vocab --write          # ... and extend the head's draft vocabulary
 
 The held-out folder is built by the recipe's eval stage (``python train_head.py stage=eval``); the corpus
 by ``python train_head.py stage=features``.

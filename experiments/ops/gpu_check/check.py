@@ -1,10 +1,10 @@
 """``make gpu-check``: is a fresh GPU node ready for the paper's runs? One command of at most 8 minutes:
-no hub, no real weights, no omegaconf/hydra; the stages of ``experiments.gpu_check.stages`` on
+no hub, no real weights, no omegaconf/hydra; the stages of ``experiments.ops.gpu_check.stages`` on
 random-weight models at the real shapes (Vicuna-7B, LLaMA-3.1-8B, each in its config's dtype), each row
 with its pass criterion (the table in that module's docstring).
 
 Each selected stage (``--stages``, default all, in the given order) runs as
-``python -m experiments.gpu_check.stages STAGE`` in a child process (its own session) killed at the stage's
+``python -m experiments.ops.gpu_check.stages STAGE`` in a child process (its own session) killed at the stage's
 time limit (``gpu_stages.LIMITS_S`` on CUDA, ``CPU_LIMIT_S`` on a CPU, or ``--stage-limit-s``), and never
 past what is left of the whole-check budget (``--budget-s``, default 480 s = 8 minutes, model builds
 included). A killed or crashed stage keeps the rows it wrote and adds one failed row saying why; the
@@ -22,14 +22,14 @@ at the end). At the end one summary table is printed, with the EAGLE-2 round's d
 
 Exit status: 0 every row ok (or skipped with a reason); 1 a row failed; 2 an environment problem (an
 NVIDIA GPU is here but torch has no CUDA, or ``--device cuda`` without CUDA). The launcher
-``experiments.gpu_check.env`` (what ``make gpu-check`` runs) exits 0 first on a machine without a GPU, 3 on a
+``experiments.ops.gpu_check.env`` (what ``make gpu-check`` runs) exits 0 first on a machine without a GPU, 3 on a
 missing package, 4 on a bad bundle.
 
 On a CPU (``--device cpu``, ``make gpu-check CPU_HALF=1``) the same stages run at CPU-proxy size (2-layer
 models with head dimension 8 and the real vocabularies, a small EAGLE-2 budget; ``syncs`` skipped): the
 whole pipeline without a GPU, in 2-3 minutes on two cores; the timing criteria need CUDA.
 
-    python -m experiments.gpu_check [--stages audit_vicuna7b,verify_cost] [--budget-s 480] [--out DIR]
+    python -m experiments.ops.gpu_check [--stages audit_vicuna7b,verify_cost] [--budget-s 480] [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.gpu_check.stages import LIMITS_S, STAGES
+from experiments.ops.gpu_check.stages import LIMITS_S, STAGES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OK, FAILED, ENVIRONMENT = 0, 1, 2
 CPU_LIMIT_S = 150  # per stage on a CPU: a child's imports alone take ~10 s on a busy 2-core machine
 MIN_START_S = 5.0  # a stage is not started with less budget left than this
@@ -59,7 +59,7 @@ REPORT, LOG, ARCHIVE = "gpu_check.json", "gpu_check.log", "stages.tar"
 
 def stage_command(stage: str, device: str, rows: Path) -> list[str]:
     """The child process that runs one stage and rewrites ``rows`` after each row."""
-    return [sys.executable, "-m", "experiments.gpu_check.stages", stage, "--device", device, "--rows", str(rows)]
+    return [sys.executable, "-m", "experiments.ops.gpu_check.stages", stage, "--device", device, "--rows", str(rows)]
 
 
 def run_stage(stage: str, device: str, folder: Path, limit_s: float) -> tuple[list[dict], dict]:
@@ -184,7 +184,7 @@ def pick_device(wanted: str) -> tuple[str | None, dict]:
     """(the stages' device, or None for an environment problem; facts for the report)."""
     import torch
 
-    from experiments.gpu_check.env import nvidia_gpus
+    from experiments.ops.gpu_check.env import nvidia_gpus
 
     cuda = torch.cuda.is_available()
     facts = {"torch": torch.__version__, "cuda": cuda, "torch_cuda": torch.version.cuda,
@@ -213,7 +213,7 @@ def parse_stages(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m experiments.ops.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stages", type=parse_stages, default=list(STAGES), help=f"comma list from {','.join(STAGES)}")
     ap.add_argument("--budget-s", type=float, default=480.0, help="the whole check, model builds included")

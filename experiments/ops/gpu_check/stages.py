@@ -1,9 +1,9 @@
 # ruff: noqa: E501 (the stage table in the docstring)
-"""The GPU check's stages on random-weight models at the real shapes (``experiments.gpu_check.models``): each stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
+"""The GPU check's stages on random-weight models at the real shapes (``experiments.ops.gpu_check.models``): each stage a few rows, each row with its pass criterion (``criterion``) and ``status`` ok / failed / skipped.
 
 | stage | what | ok means |
 |---|---|---|
-| ``audit_vicuna7b`` | Vicuna-7B shape in its config's dtype (fp16): first the tolerance, measured on this model (``experiments.numeric_tolerance``'s statistic over calibration prompts: ``error_ratio_max``/``_p99``, ``tolerance_factor`` its suggested factor); then plain and EAGLE-2 greedy on other random prompts, identity audit against the fp32 model with that factor | 0 algorithmic, >= 1 draft token accepted |
+| ``audit_vicuna7b`` | Vicuna-7B shape in its config's dtype (fp16): first the tolerance, measured on this model (``experiments.research.numeric_tolerance``'s statistic over calibration prompts: ``error_ratio_max``/``_p99``, ``tolerance_factor`` its suggested factor); then plain and EAGLE-2 greedy on other random prompts, identity audit against the fp32 model with that factor | 0 algorithmic, >= 1 draft token accepted |
 | ``audit_llama31_8b`` | the same, LLaMA-3.1-8B shape in its config's dtype (fp16) | the same |
 | ``exact_fp32`` | Vicuna-7B width at reduced depth in fp32 | EAGLE-2 identical to plain in every turn, >= 1 accepted |
 | ``verify_cost`` | T(q)/T(1), q = 1..max_q after each context of ``verify_contexts`` (512 and 1984: context + q up to the authors' 2048), both shapes: GPU time (CUDA events, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= wall time |
@@ -12,7 +12,7 @@
 
 On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
 
-``python -m experiments.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON list of rows) after every row: ``experiments.gpu_check`` runs each stage so, in a child process with a time limit, and keeps what a killed stage wrote.
+``python -m experiments.ops.gpu_check.stages STAGE --device cuda --rows FILE`` runs one stage and rewrites FILE (a JSON list of rows) after every row: ``experiments.ops.gpu_check`` runs each stage so, in a child process with a time limit, and keeps what a killed stage wrote.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from pathlib import Path
 
 import torch
 
-from eagle2.core.engine import device_clock, generate
+from eagle2.core.clock import device_clock
+from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
-from experiments.gpu_check import models as gm
+from experiments.ops.gpu_check import models as gm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STAGES = ("audit_vicuna7b", "audit_llama31_8b", "exact_fp32", "verify_cost", "draft_cost", "syncs")
 LIMITS_S = {"audit_vicuna7b": 80, "audit_llama31_8b": 80, "exact_fp32": 45, "verify_cost": 150, "draft_cost": 50,
             "syncs": 50}  # 455 s together: within the default 480 s budget
@@ -129,10 +130,10 @@ def round_split(outs) -> dict:
 
 def measured_factor(target, reference, scale: Scale, dtype: torch.dtype) -> tuple[float, torch.Tensor]:
     """The audit tolerance factor measured on this model before it judges anything: the gap-error statistic
-    of ``experiments.numeric_tolerance`` (one-token and teacher-forced logits in ``dtype`` against the fp32
+    of ``experiments.research.numeric_tolerance`` (one-token and teacher-forced logits in ``dtype`` against the fp32
     reference) over calibration prompts apart from the audited ones; (its suggested factor, the ratios)."""
     from eagle2.bench.identity import reference_logits
-    from experiments.numeric_tolerance import gap_error_ratio, incremental_greedy, suggested_factor
+    from experiments.research.numeric_tolerance import gap_error_ratio, incremental_greedy, suggested_factor
 
     eps, ratios = torch.finfo(dtype).eps, []
     for i in range(scale.calibration_prompts):
@@ -384,8 +385,7 @@ def row_writer(path: Path | None, rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check.stages", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m experiments.ops.gpu_check.stages", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=STAGES)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", type=Path, required=True, help="JSON list of the rows, rewritten after each")

@@ -17,13 +17,14 @@ In this order:
    get them, and the check goes on.
 4. **torch sees the GPU**: a GPU is present but torch is a CPU build, or CUDA cannot initialise:
    exit 2 (a CPU torch would silently hide the GPU and time the CPU).
-5. Then it runs ``python -m experiments.gpu_check ARGS`` with that same interpreter (``os.execve``:
+5. Then it runs ``python -m experiments.ops.gpu_check ARGS`` with that same interpreter (``os.execve``:
    its exit status is the check's).
 
 ``EAGLE2_NVIDIA_DEVICE`` names the device node looked for (default ``/dev/nvidia0``), so tests can
 fake a GPU machine (tests/test_gpu_env.py, with a fake ``nvidia-smi`` on the PATH).
 
-    python3 -m experiments.gpu_check.env [--bundle .gpu_bundle] [--site .gpu_site] [--python P] [--prepare-only] -- ARGS
+    python3 -m experiments.ops.gpu_check.env [--bundle .gpu_bundle] [--site .gpu_site] [--python P]
+        [--prepare-only] -- ARGS
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# import name -> distribution: what experiments.gpu_check and its stages import (all on the GPU image)
+ROOT = Path(__file__).resolve().parents[3]
+# import name -> distribution: what experiments.ops.gpu_check and its stages import (all on the GPU image)
 NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors", "numpy": "numpy",
           "yaml": "pyyaml"}
 # what the runs after the check need (run.py, eagle2.identity) and the GPU image lacks: carried as wheels
@@ -160,7 +161,7 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(prog="python3 -m experiments.gpu_check.env", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python3 -m experiments.ops.gpu_check.env", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu_bundle", help="wheels from make gpu-bundle")
     ap.add_argument("--site", type=Path, default=ROOT / ".gpu_site", help="where they are installed")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         return 0
     sys.stdout.flush()
-    os.execve(args.python, [args.python, "-m", "experiments.gpu_check", *rest], env)
+    os.execve(args.python, [args.python, "-m", "experiments.ops.gpu_check", *rest], env)
     return 1  # not reached
 
 

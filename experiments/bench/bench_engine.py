@@ -23,8 +23,9 @@ from eagle2.bench.cost_profile import measure_verify
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
 from eagle2.bench.runner import load_drafter_weights
+from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
-from eagle2.core.engine import device_clock, generate
+from eagle2.core.engine import generate
 from eagle2.core.kernels import kernels_in_use
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.plain import PlainDrafter

@@ -3,7 +3,7 @@
 Same prompts (MT-bench first turns), greedy, in ``--dtype`` (default bfloat16; outputs must be equal in
 float32 and are identity-audited in bfloat16), same number of new tokens (EOS disabled for both),
 alternating order, several repetitions; prints per-repetition tokens/s and the median ratio.
-Timing covers prefill + decode for both. Run: ``python -m experiments.bench_plain_vs_generate``.
+Timing covers prefill + decode for both. Run: ``python -m experiments.bench.bench_plain_vs_generate``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.plain import PlainDrafter
-from experiments.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
+from experiments.bench.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ length with any match wins; up to ``max_matches`` occurrences (suffix-array orde
 ``continuation`` tokens (cut at the entry's end here, where the authors' concatenation runs on into the
 next entry); every prefix of a continuation is counted, and the ``choices`` most frequent prefixes form
 the draft trie. Saved as one ``.npz`` (``tokens`` int32, ``suffixes`` int32, ``depth``; no pickles).
-Knows nothing about models; the corpora are ``eagle2.training.datastore``'s.
+Knows nothing about models; the corpora are ``eagle2.training.datastore``'s. Drafter data, declared as the
+weight kind ``rest_datastore`` (``eagle2.heads.kinds``) like the heads.
 
 Why not the authors' ``draftretriever`` (PyPI 0.1.1, a Rust extension): it returns the trie without its
 counts (no per-node confidence, no best-first siblings), the released wheel differs from the repository's
@@ -23,6 +24,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+from eagle2.heads.kinds import WeightKind
 
 SEPARATOR = -1  # between entries in the datastore
 PAD = -2  # past a continuation's end
@@ -128,3 +131,23 @@ def top_prefixes(continuations: np.ndarray, choices: int) -> tuple[list[tuple[in
     candidates.sort()
     chosen = candidates[:choices]
     return [path for _, _, path in chosen], [-neg for neg, _, _ in chosen]
+
+
+BUILD_COMMAND = "python -m experiments.ops.build_datastore"
+
+
+def load_datastore(location: str | Path, target=None) -> Datastore:
+    """The datastore at ``location`` (``model.rest_datastore``); a missing file is one line naming the build."""
+    from eagle2.heads.checkpoint import WeightFileError
+
+    if not Path(location).is_file():
+        raise WeightFileError(f"no REST datastore at {location}: build it with `{BUILD_COMMAND} --corpus chat "
+                              f"--out {location}` (or --corpus code)")
+    return Datastore.load(location)
+
+
+def save_datastore(store: Datastore, path: str | Path, dtype=None) -> Path:
+    return store.save(path)
+
+
+WEIGHT_KIND = WeightKind("rest_datastore", load_datastore, save_datastore)

@@ -9,9 +9,9 @@ the reference top-1, divided by eps(dtype) * max|reference logit|: the quantity 
 ``eagle2.bench.identity.TOLERANCE_FACTORS`` must bound. It also counts the positions where the dtype
 disagrees with itself (one-token vs teacher-forced argmax) and the reference margins there.
 
-Run: ``python -m experiments.numeric_tolerance --dtype bfloat16 --prompts 8 --new-tokens 96`` (SmolLM2 on
+Run: ``python -m experiments.research.numeric_tolerance --dtype bfloat16 --prompts 8 --new-tokens 96`` (SmolLM2 on
 this CPU). On a GPU, for the fp16 factor that the identity audit lacks: ``python -m
-experiments.numeric_tolerance --device cuda --model vicuna7b --dtype float16`` (``--model`` is any
+experiments.research.numeric_tolerance --device cuda --model vicuna7b --dtype float16`` (``--model`` is any
 ``conf/model`` config, ``--override model.path=/local/dir`` where the hub is unreachable; the run
 dtype and its fp32 reference are both loaded: 13.5 + 27 GB at 7B). The last line is the factor to
 pass to the audit (``python -m eagle2.bench.identity RESULTS --tolerance-factor float16=X``).

@@ -1,10 +1,10 @@
 """Head-training ablation on SmolLM2: train one EAGLE (or EAGLE-3) head per lever on the same corpus, then
 tabulate.
 
-    python -m experiments.head_ablation run base unroll3 --steps 300      # train + evaluate (resumable)
-    python -m experiments.head_ablation table                              # markdown table of all finished
-    python -m experiments.head_ablation run answers_own_eagle3 --steps 60  # answer mode (train=sharegpt settings)
-    python -m experiments.head_ablation table --answers                    # ... its table
+    python -m experiments.research.head_ablation run base unroll3 --steps 300  # train + evaluate (resumable)
+    python -m experiments.research.head_ablation table  # markdown table of all finished
+    python -m experiments.research.head_ablation run answers_own_eagle3 --steps 60  # answer mode (sharegpt settings)
+    python -m experiments.research.head_ablation table --answers  # ... its table
 
 Every variant is ``python train_head.py`` with its own overrides (printed and stored in
 ``<root>/<variant>/command.txt``), its own run and export folders under ``--root``, and the same
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SELF_CORPUS = "artifacts/work/smollm2/corpus"
 DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
 CONVERSATIONS = "artifacts/work/smollm2/conversations_corpus"  # train_head.py stage=features writes it

@@ -1,8 +1,8 @@
 """Run a named experiment end to end: its sweep, then the report.
 
-    python -m experiments.recipe table1                      # CPU, SmolLM2, small
-    python -m experiments.recipe table1 model=vicuna7b       # the GPU recipe
-    python -m experiments.recipe tree_budget hydra/launcher=slurm hydra.launcher.partition=gpu
+    python -m experiments.research.recipe table1                      # CPU, SmolLM2, small
+    python -m experiments.research.recipe table1 model=vicuna7b       # the GPU recipe
+    python -m experiments.research.recipe tree_budget hydra/launcher=slurm hydra.launcher.partition=gpu
 
 NAME is one of conf/experiment/*.yaml; every other argument is a Hydra override handed to
 ``python run.py -m experiment=NAME``. tree_budget also runs its plain baseline (plain decoding has no tree
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
 
 
@@ -52,7 +52,7 @@ def commands(name: str, overrides: list[str], results: str | None, report: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.recipe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m experiments.research.recipe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", choices=EXPERIMENTS)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=vicuna7b dataset.limit=10")

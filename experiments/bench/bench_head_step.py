@@ -15,7 +15,7 @@ Each variant runs ``--steps`` optimizer steps per repetition, in alternating ord
 repetitions, under the training's own autocast and loss-dtype rules for this CPU; prints tokens/s per step
 for each and the median ratio. With ``--quality-steps N`` it also trains a fresh head N steps with each loss
 and prints the held-out top-1 (full-vocabulary agreement, fp32) of both at equal steps.
-Run: ``python -m experiments.bench_head_step [--compare vocab]``.
+Run: ``python -m experiments.bench.bench_head_step [--compare vocab]``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from functools import partial
 import torch
 from omegaconf import OmegaConf
 
+from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
-from eagle2.core.engine import device_clock
 from eagle2.training.data import collate, make_batches, split_shards, token_sequences
 from eagle2.training.loop import autocast_dtype
 from eagle2.training.losses import LossProjection, evaluate_loss, head_loss

@@ -9,7 +9,7 @@ the speedup over plain at the same B beside it, then batched plain's B-over-B=1 
 row (``eagle2.bench.cost_profile.measure_verify``). Writes the rows, ``batch_scaling.csv`` / ``.md`` and
 the figure (``analysis.batch_scaling``) into ``--results``, and copies the PNG to ``--figure``.
 
-    python -m experiments.bench_batch --limit 8 --max-new-tokens 32 --threads 1
+    python -m experiments.bench.bench_batch --limit 8 --max-new-tokens 32 --threads 1
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Build a REST datastore (``eagle2.drafters.retrieval``) from a corpus, cached under ``artifacts/work/rest/``:
+"""Build a REST datastore (``eagle2.heads.rest_datastore``) from a corpus, cached under ``artifacts/work/rest/``:
 
-    python -m experiments.build_datastore --corpus chat   # token shards: ShareGPT's if built, else the shipped corpus
-    python -m experiments.build_datastore --corpus code   # data/train/code_alpaca_2k.json.gz, the model's tokenizer
+    python -m experiments.ops.build_datastore --corpus chat   # ShareGPT's token shards if built, else the shipped
+    python -m experiments.ops.build_datastore --corpus code   # data/train/code_alpaca_2k.json.gz, model's tokenizer
 
 The corpora are ``eagle2.training.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
 ``artifacts/work/rest/smollm2-chat.npz``). An existing datastore is kept unless ``--rebuild``.

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from eagle2.bench.identity import classify, reference_dtype, reference_logits
 from eagle2.bench.models import load_target
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import device_clock
 from eagle2.core.precision import dtype_name
 from eagle2.prompts.chat import encode_conversation
 from eagle2.prompts.questions import benchmark_file, load_questions

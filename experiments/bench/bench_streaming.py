@@ -1,8 +1,8 @@
 """Streamed feature shards vs today's load-everything, side by side in one run: peak memory (RSS) and
 tokens/s per step of the EAGLE-2 head trainer on SmolLM2-135M, with the CPU kind printed.
 
-    python experiments/bench_streaming.py                        # 24 shards x 16 sequences x 256 tokens
-    python experiments/bench_streaming.py --shards 96 --steps 8 --resident 2
+    python experiments/bench/bench_streaming.py                        # 24 shards x 16 sequences x 256 tokens
+    python experiments/bench/bench_streaming.py --shards 96 --steps 8 --resident 2
 
 The corpus: ``--shards`` feature shards of SmolLM2's shape (576-wide fp16 features, random token ids of
 its vocabulary, answers from the middle of each sequence), written once to ``--corpus``; their values do
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from eagle2.core.engine import device_clock
+from eagle2.core.clock import device_clock
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MODES = {"in memory": None, "streamed": "resident"}

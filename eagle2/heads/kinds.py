@@ -1,0 +1,35 @@
+"""Drafter weight kinds, each declared once, in the heads module of its format, as
+``WEIGHT_KIND = WeightKind(key, load, save)``: ``key`` is the model-config key naming where such weights
+are (what a ``conf/method`` YAML lists under ``weights``), ``load(location, target)`` reads them for a
+target and ``save(module, folder, dtype=None)`` writes them in that format (what training writes).
+
+``weight_kinds()`` discovers them by importing the modules of ``eagle2.heads``: a new kind is one new
+heads module, nothing else to register.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class WeightKind:
+    key: str  # model-config key, e.g. "head"
+    load: Callable  # (location, target) -> module
+    save: Callable  # (module, folder, dtype=None) -> folder
+
+
+@lru_cache(maxsize=None)
+def weight_kinds() -> dict[str, WeightKind]:
+    """Every declared weight kind, by model-config key."""
+    package = importlib.import_module("eagle2.heads")
+    kinds = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        kind = getattr(importlib.import_module(f"eagle2.heads.{info.name}"), "WEIGHT_KIND", None)
+        if kind is not None:
+            kinds[kind.key] = kind
+    return kinds
