@@ -103,6 +103,9 @@ def checkpoint_folder(location: str, what: str, config_key: str, files=("config.
     path = Path(location)
     if path.is_dir():
         return path
+    from eagle2.heads.locations import check_weights_location
+
+    check_weights_location(location, config_key)  # a file, or a missing path that cannot be a hub id: one line
     from huggingface_hub import snapshot_download
 
     try:
