@@ -280,7 +280,8 @@ def format_summary(cfg, s: dict) -> str:
     e2e = f"{s['e2e_tokens_per_s']:.2f}" if s.get("e2e_tokens_per_s") else "n/a"
     tau = f"{s['tau']:.2f}" if s["tau"] else "n/a"
     return (f"[eagle2] summary {cfg.model.name}/{cfg.method.name}/{cfg.dataset.name} T={cfg.temperature}: "
-            f"{s['turns']} turns, {s.get('failed_turns', 0)} failed, {s['new_tokens']} new tokens, {tps} tokens/s (decode), "
+            f"{s['turns']} turns, {s.get('failed_turns', 0)} failed, {s['new_tokens']} new tokens, "
+            f"{tps} tokens/s (decode), "
             f"{e2e} tokens/s (end to end, prefill included), tau {tau}\n"
             + (_batch_line(s) if s.get("batch_size", 1) > 1 else "") +
             f"[eagle2] rows: {s['results']}")

@@ -24,7 +24,8 @@ class ConfigError(ValueError):
     """A config value out of its valid range."""
 
 
-REFUSED = (ConfigError, QuestionFileError, WeightLocationError, PromptTooLongError)  # refused before it ran: no row is stored for it
+# refused before anything ran: no row is stored for it
+REFUSED = (ConfigError, QuestionFileError, WeightLocationError, PromptTooLongError)
 
 
 def _is_int(value) -> bool:
