@@ -106,3 +106,28 @@ def test_a_prompt_longer_than_the_context_is_stored_and_logged_at_every_batch_si
     assert summary["failed_turns"] == 1
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert logged == [f"question {row['question_id']} turn 1 failed: {row['error'].split(': ', 1)[-1]}"], logged
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_the_runner_hands_batch_refill_to_the_engine(tmp_path, smollm2, monkeypatch, refill):
+    """At batch 2 a short answer frees its row early: with ``batch_refill=true`` the third question takes that
+    row while the long answer still decodes; with ``false`` it waits for the wave to drain (when each turn was
+    admitted and retired, from the rows the runner stores)."""
+    import json
+
+    from eagle2.bench import runner
+    from tests.test_runner import config, rows
+
+    monkeypatch.setattr(runner, "load_target", lambda _cfg: smollm2)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question_id": i, "turns": [text]}) + "\n" for i, text in enumerate(
+        ["What is 2+2? Answer with the number only.", "Write a long story about a dragon.", "Write a poem."])))
+    cfg = config("method=plain", f"dataset.path={data}", "max_new_tokens=12", "model.dtype=float32", "batch_size=2",
+                 f"batch_refill={str(refill).lower()}", f"paths.results={tmp_path / 'r'}")
+    runner.run(cfg)
+    short, long, third = sorted(rows(tmp_path / "r"), key=lambda r: r["question_id"])
+    assert short["new_tokens"] < long["new_tokens"] == 12  # the rows free at different rounds
+    if refill:
+        assert third["batch_admitted_at"] < long["batch_retired_at"] and third["batch_id"] == long["batch_id"]
+    else:
+        assert third["batch_admitted_at"] >= long["batch_retired_at"] and third["batch_id"] == long["batch_id"] + 1
