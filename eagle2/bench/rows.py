@@ -14,6 +14,7 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle2.bench.profile_checks import stamp
 from eagle2.bench.prompt_lengths import fits, overflow_message, room, too_long_policy
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import ContextOverflowError
@@ -68,7 +69,7 @@ def _peak_memory_mb(device) -> float | None:
 
 
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
-             batch: dict | None = None, placement: str = "unrecorded") -> dict:
+             batch: dict | None = None, placement: str = "unrecorded", drafter=None) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -89,7 +90,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "placement": placement,
-        "timestamp": time.time(),
+        "timestamp": time.time(), "cost_profile": stamp(getattr(drafter, "profile", None)),
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
     })

@@ -208,9 +208,10 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     context = int(cfg.model.max_context)
     eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
+    built = {}  # the drafter of the last decode (the row records the cost profile it was priced with)
 
     def decode(prompt, generator, max_new_tokens=None):
-        drafter = build_drafter(cfg.method, target, params, generator, weights=weights)
+        drafter = built["drafter"] = build_drafter(cfg.method, target, params, generator, weights=weights)
         return generate(target, drafter, prompt, params, int(max_new_tokens or cfg.max_new_tokens), eos, generator,
                         context)
 
@@ -243,7 +244,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
                 row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels,
-                               placement=placement_summary(target))
+                               placement=placement_summary(target), drafter=built["drafter"])
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])
