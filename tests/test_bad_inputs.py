@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from eagle2.bench import runner
 from eagle2.bench.known_keys import known_tree, unknown_keys
@@ -20,22 +19,10 @@ from eagle2.heads.eagle_head import save_head
 from eagle2.heads.locations import WeightLocationError
 from eagle2.results.store import config_hash, read_rows
 from tests.conftest import tiny_head
+from tests.test_runner import config
+from tests.test_validation import no_model  # noqa: F401  (a fixture: fails if the target loads)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def config(*overrides):
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=["logger=none", "warmup_tokens=0", *overrides])
-
-
-@pytest.fixture
-def no_target(monkeypatch):
-    """Fail loudly if the target model is loaded (the tokenizer alone may be)."""
-    def refuse(*_args, **_kw):
-        raise AssertionError("the target was loaded before the input was checked")
-
-    monkeypatch.setattr(runner, "load_target", refuse)
 
 
 def one_line(exc: BaseException) -> str:
@@ -53,7 +40,8 @@ def one_line(exc: BaseException) -> str:
     ("+temprature=0.7", "temprature", "temperature"),
     ("+paths.result=/tmp/x", "paths.result", "paths.results"),
 ])
-def test_an_unknown_key_is_refused_with_the_nearest_known_one(override, named, nearest, tmp_path, no_target):
+@pytest.mark.usefixtures("no_model")
+def test_an_unknown_key_is_refused_with_the_nearest_known_one(override, named, nearest, tmp_path):
     cfg = config("method=plain", override, f"paths.results={tmp_path}")
     with pytest.raises(ConfigError) as err:
         runner.run(cfg)
@@ -103,8 +91,8 @@ def head_dir(tmp_path_factory, smollm2):
     ("cut", "is not a whole safetensors file"),
     ("config_not_json", "config.json is not JSON"),
 ])
-def test_a_bad_head_location_is_one_line_naming_it_before_the_target_loads(case, message, tmp_path, head_dir,
-                                                                           no_target):
+@pytest.mark.usefixtures("no_model")
+def test_a_bad_head_location_is_one_line_naming_it_before_the_target_loads(case, message, tmp_path, head_dir):
     import shutil
 
     folder = tmp_path / "head"
@@ -149,7 +137,8 @@ def _plain(tmp_path, data, *extra):
                   "model.dtype=float32", f"paths.results={tmp_path / 'r'}", *extra)
 
 
-def test_a_too_long_prompt_refuses_the_run_before_the_target_loads_and_keeps_stored_rows(tmp_path, no_target):
+@pytest.mark.usefixtures("no_model")
+def test_a_too_long_prompt_refuses_the_run_before_the_target_loads_and_keeps_stored_rows(tmp_path):
     short = _questions(tmp_path, ["Hi"])
     stored = tmp_path / "r" / "mt_bench" / "smollm2"
     stored.mkdir(parents=True)

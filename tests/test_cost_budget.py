@@ -80,7 +80,7 @@ def _profile(target, head, **settings):
     return cp.get_profile(target, head, {}, make_drafter, **settings)
 
 
-def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch):
+def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch, steady_timings):
     target, head = tiny
     prof = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
     assert len(prof.verify_s) == 6 and len(prof.draft_s) == 2 and all(t > 0 for t in prof.verify_s + prof.draft_s)
@@ -100,7 +100,7 @@ def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatc
         _profile(target, head, depth=3, top_k=2, profile_dir=other, max_q=6, reps=1, context=8)
 
 
-def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
+def test_reprofile_measures_again(tiny, tmp_path, monkeypatch, steady_timings):
     target, head = tiny
     _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
     monkeypatch.setattr(cp, "_loaded", {})
@@ -114,7 +114,7 @@ def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("stale", ['{"verify_s": [1.0], "draft_s": [], "context": 8, "meta": {}, "schema": 9}',
                                    '{"verify_s": [1.0', ""])
-def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale):
+def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale, steady_timings):
     """A cached profile in another version's format (an unknown field), torn or empty is measured again
     and rewritten, not a crash."""
     target, head = tiny

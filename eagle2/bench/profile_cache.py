@@ -10,16 +10,19 @@ The checks are ``eagle2.bench.profile_checks``'s; a profile that cannot be read 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from eagle2.bench.cost_profile import DEFAULT_DIR, read_profile
+from eagle2.bench.cost_profile import DEFAULT_DIR
 from eagle2.bench.profile_checks import profile_problems
+from eagle2.drafters.budget import CostProfile
 
 
 def describe(path: Path) -> str:
     """One line about the profile cached at ``path``."""
-    profile = read_profile(path)
-    if profile is None:
+    try:
+        profile = CostProfile(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
         return f"{path.stem}: unreadable (measured again at its next use)"
     meta, ms = profile.meta or {}, [f"{t * 1e3:.1f}" for t in profile.draft_s]
     noise = meta.get("noise")
