@@ -83,6 +83,21 @@ def smollm2():
     return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
 
 
+def unloadable_weights(folder):
+    """A weights folder that passes every check from the files alone (JSON config, whole safetensors) but that
+    no loader accepts (no key it expects): a run with it fails after the target loads, naming the folder."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 576}))
+    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
+
+
 @pytest.fixture
 def steady_timings(monkeypatch):
     """Cost-profile measurements that return steady timings (verify 10 + q ms, draft 2 ms per depth) instead of

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from eagle2.bench.profile_checks import measured_until_sound, probe_t1, stale_reason
+from eagle2.bench.profile_checks import despike, measured_until_sound, probe_t1, stale_reason
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.engine import device_clock
 from eagle2.core.features import LayerTap
@@ -46,15 +46,6 @@ def monotone(values: list[float]) -> list[float]:
             (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
     return [m for m, n in blocks for _ in range(int(n))]
-
-
-def despike(values: list[float], window: int = 5) -> list[float]:
-    """Each timing replaced by the median of its ``window`` neighbours (fewer at the ends): one timing taken
-    while another process held the core must not move the whole curve. ``monotone`` alone pools a spike
-    into all its right-hand neighbours: a spike at q=2 once made T(2..25) flat, and the budget always the
-    largest."""
-    half = window // 2
-    return [statistics.median(values[max(0, i - half): i + half + 1]) for i in range(len(values))]
 
 
 def verify_curve(raw: list[float]) -> list[float]:

@@ -27,6 +27,15 @@ SHAPE_TOLERANCE = 0.25  # T(q) may fall by 25 % (or 3 x the noise) before the cu
 MEASURE_ATTEMPTS = 3
 
 
+def despike(values: list[float], window: int = 5) -> list[float]:
+    """Each timing replaced by the median of its ``window`` neighbours (fewer at the ends): one timing taken
+    while another process held the core must not move the whole curve. ``monotone`` alone pools a spike
+    into all its right-hand neighbours: a spike at q=2 once made T(2..25) flat, and the budget always the
+    largest."""
+    half = window // 2
+    return [statistics.median(values[max(0, i - half): i + half + 1]) for i in range(len(values))]
+
+
 def probe_t1(measure_verify, target, *, context: int, rows: int) -> tuple[float, float]:
     """(median T(1) in seconds, relative spread) of ``PROBE_REPEATS`` separate one-token verify timings."""
     times = [measure_verify(target, context=context, max_q=1, reps=3, rows=rows)[0] for _ in range(PROBE_REPEATS)]
@@ -51,8 +60,6 @@ def _falls(values: list[float], allowance: float) -> tuple[int, int] | None:
 
 def profile_problems(profile) -> list[str]:
     """What is wrong with ``profile``'s shape (module docstring); empty when nothing is."""
-    from eagle2.bench.cost_profile import despike
-
     meta = profile.meta or {}
     allowance = _allowance(float(meta.get("noise") or 0.0), SHAPE_TOLERANCE)
     problems = []

@@ -9,27 +9,16 @@ What needs the weights' contents (keys and shapes) is checked by the loaders.
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 
-from eagle2.heads.checkpoint import WEIGHT_FILES
+from eagle2.heads.checkpoint import WEIGHT_FILES, WeightLocationError, could_be_hub_id
 from eagle2.heads.medusa_heads import WEIGHT_FILES as MEDUSA_WEIGHT_FILES
 
 LFS_POINTER = b"version https://git-lfs"
 WEIGHT_FILES_BY_KEY = {"head": WEIGHT_FILES, "eagle3_head": WEIGHT_FILES, "sps_draft": WEIGHT_FILES,
                        "medusa_head": MEDUSA_WEIGHT_FILES}  # model-config key -> its weight files, best first
 OPTIONAL_FILES = ("draft_vocab.safetensors",)
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class WeightLocationError(ValueError):
-    """A drafter-weight location that cannot hold loadable weights, found from its files alone."""
-
-
-def could_be_hub_id(location: str) -> bool:
-    """``owner/name`` and nothing that only a local path has (a leading ``.``, ``/`` or ``~``, more parts)."""
-    return bool(HUB_ID.match(location)) and not location.startswith((".", "~"))
 
 
 def is_lfs_pointer(path: Path) -> bool:
