@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
+.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,12 @@ test-slow: install  ## only the slow tests (many-sample certification, real trai
 
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py
+
+profiles: install  ## the cached cost profiles of this machine (T(1), T(max q), draft cost, noise, problems)
+	$(PY) -m eagle2.bench.profile_cache
+
+profiles-clear: install  ## delete the cached cost profiles (the next total_tokens=auto run measures again)
+	$(PY) -m eagle2.bench.profile_cache --clear
 
 bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~8 min)
 	$(PY) -m experiments.bench.bench_engine

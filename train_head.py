@@ -26,16 +26,21 @@ def main(cfg: DictConfig) -> None:
     from eagle2.bench.models import load_target
     from eagle2.training import distributed
     from eagle2.training.loop import WorldSizeMismatch
+    from eagle2.training.preflight import check_inputs
     from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
 
-    stages = stages_of(cfg.stage)  # an unknown stage fails before the target loads
+    root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
+    try:  # an unknown stage, or a stage's missing or unreadable input: one line, before the target loads
+        stages = stages_of(cfg.stage)
+        check_inputs(cfg, root, stages)
+    except ValueError as exc:
+        raise SystemExit(f"[train_head] {exc}") from None
     if distributed.launched() and set(stages) - set(DATA_PARALLEL_STAGES):
         raise SystemExit(f"[train_head] stage={cfg.stage} runs in one process (python train_head.py stage=...); "
                          f"under torchrun run one of: {', '.join(DATA_PARALLEL_STAGES)}")
     device = distributed.init()  # torchrun: join the process group (this rank's GPU on CUDA)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
     # (stock kernels: the losses backpropagate through its LM head)
     target, tokenizer = load_target(cfg.model, device=device, kernels="stock")
     try:

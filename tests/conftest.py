@@ -83,6 +83,35 @@ def smollm2():
     return load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}))
 
 
+def unloadable_weights(folder):
+    """A weights folder that passes every check from the files alone (JSON config, whole safetensors) but that
+    no loader accepts (no key it expects): a run with it fails after the target loads, naming the folder."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 576}))
+    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture
+def steady_timings(monkeypatch):
+    """Cost-profile measurements that return steady timings (verify 10 + q ms, draft 2 ms per depth) instead of
+    a tiny model's timings on this shared machine, which are load noise (the profile checks refuse them):
+    the caching and checking logic is what the tests that use it test; the measuring functions have their own
+    (test_batch_budget)."""
+    import eagle2.bench.cost_profile as cost_profile
+
+    monkeypatch.setattr(cost_profile, "measure_verify",
+                        lambda target, *, max_q, **_: [0.010 + 0.001 * q for q in range(1, max_q + 1)])
+    monkeypatch.setattr(cost_profile, "measure_draft",
+                        lambda target, head, make_drafter, *, depth, **_: [0.002 * d for d in range(1, depth + 1)])
+
+
 @pytest.fixture
 def synthetic_cost_profile(monkeypatch):
     """``total_tokens=auto`` budgets from a fixed cost profile (verify 1 + 0.05 q, draft 0.1 per depth)

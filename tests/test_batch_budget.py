@@ -73,6 +73,7 @@ def _write_profile(tmp_path, target, head, rows, verify):
 def test_drafter_for_a_batch_reads_the_batch_profile(tiny, tmp_path, monkeypatch):
     target, head = tiny
     monkeypatch.setattr(cp, "_loaded", {})
+    monkeypatch.setattr(cp, "probe_t1", lambda *a, **k: (1.0, 0.0))  # the planted T(1): they are used as they are
     _write_profile(tmp_path, target, head, 1, [1.0] * 9)  # batch 1: every node is free
     _write_profile(tmp_path, target, head, 4, [1.0, 2.0] + [50.0 * q for q in range(3, 10)])  # batch 4: one node
     method = {"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "auto", "max_total_tokens": 8,

@@ -84,17 +84,50 @@ def test_never_written_columns_are_zeros_not_garbage(tiny, nan_empty, refill):
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_a_prompt_longer_than_the_context_is_stored_and_logged_at_every_batch_size(tmp_path, smollm2, monkeypatch,
                                                                                     caplog, batch_size):
+    """A second turn that only its first answer pushes past the context (the check before loading counts
+    that answer as empty) fails while decoding: stored as a failed row and logged, at batch 1 and above."""
     import logging
+
+    from eagle2.bench import runner
+    from eagle2.prompts.chat import encode_conversation
+    from eagle2.prompts.questions import benchmark_file, load_questions
+    from tests.test_runner import config, rows
+
+    monkeypatch.setattr(runner, "load_target", lambda _cfg: smollm2)
+    turns = load_questions(benchmark_file("mt_bench"), 1)[0]["turns"]
+    second = len(encode_conversation(smollm2[1], "tokenizer", turns, [""]))  # its lower bound
+    cfg = config("method=plain", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=4",
+                 f"model.max_context={second + 4}", f"batch_size={batch_size}", f"paths.results={tmp_path}")
+    with caplog.at_level(logging.ERROR):
+        summary = runner.run(cfg)
+    first, row = rows(tmp_path)
+    assert first["status"] == "ok" and first["output_text"]
+    assert row["status"] == "failed" and row["turn"] == 1 and "prompt has" in row["error"]
+    assert summary["failed_turns"] == 1
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [f"question {row['question_id']} turn 1 failed: {row['error'].split(': ', 1)[-1]}"], logged
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_the_runner_hands_batch_refill_to_the_engine(tmp_path, smollm2, monkeypatch, refill):
+    """At batch 2 a short answer frees its row early: with ``batch_refill=true`` the third question takes that
+    row while the long answer still decodes; with ``false`` it waits for the wave to drain (when each turn was
+    admitted and retired, from the rows the runner stores)."""
+    import json
 
     from eagle2.bench import runner
     from tests.test_runner import config, rows
 
     monkeypatch.setattr(runner, "load_target", lambda _cfg: smollm2)
-    cfg = config("method=plain", "dataset=mt_bench", "dataset.limit=1", "max_new_tokens=4", "model.max_context=24",
-                 f"batch_size={batch_size}", f"paths.results={tmp_path}")
-    with caplog.at_level(logging.ERROR):
-        runner.run(cfg)
-    [row] = rows(tmp_path)
-    assert row["status"] == "failed" and row["turn"] == 0 and "prompt has" in row["error"]
-    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert logged == [f"question {row['question_id']} turn 0 failed: {row['error'].split(': ', 1)[-1]}"], logged
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question_id": i, "turns": [text]}) + "\n" for i, text in enumerate(
+        ["What is 2+2? Answer with the number only.", "Write a long story about a dragon.", "Write a poem."])))
+    cfg = config("method=plain", f"dataset.path={data}", "max_new_tokens=12", "model.dtype=float32", "batch_size=2",
+                 f"batch_refill={str(refill).lower()}", f"paths.results={tmp_path / 'r'}")
+    runner.run(cfg)
+    short, long, third = sorted(rows(tmp_path / "r"), key=lambda r: r["question_id"])
+    assert short["new_tokens"] < long["new_tokens"] == 12  # the rows free at different rounds
+    if refill:
+        assert third["batch_admitted_at"] < long["batch_retired_at"] and third["batch_id"] == long["batch_id"]
+    else:
+        assert third["batch_admitted_at"] >= long["batch_retired_at"] and third["batch_id"] == long["batch_id"] + 1

@@ -95,3 +95,31 @@ def test_grown_buffer_keeps_every_entry_over_garbage(nan_empty):
     for layer, ref in zip(cache.layers, stock.layers):
         assert not layer.keys.isnan().any() and torch.equal(layer.keys, ref.keys)
         assert torch.equal(layer.values, ref.values)
+
+
+@pytest.mark.parametrize("first", [1, CHUNK - 1, CHUNK])
+def test_one_entry_at_a_time_across_a_chunk_boundary_keeps_every_entry(first):
+    """Decoding writes one position per step: the step that writes the first position past a full buffer must
+    grow it before writing (a buffer that grows one position late drops that entry, or the next)."""
+    layer = InPlaceLayer()
+    entry = lambda i: torch.full((1, 2, 1, 4), float(i))  # noqa: E731  (position i holds the value i)
+    block = torch.arange(first, dtype=torch.float32).view(1, 1, first, 1).expand(1, 2, first, 4)
+    layer.update(block, block)  # a prefill of ``first`` positions, then steps of one
+    for i in range(first, CHUNK + 3):
+        keys, values = layer.update(entry(i), entry(i))
+        assert keys.shape[-2] == i + 1 == layer.length <= layer.capacity()
+        assert torch.equal(keys[0, 0, :, 0], torch.arange(i + 1, dtype=torch.float32)), f"after writing position {i}"
+        assert torch.equal(values, keys)
+    assert layer.capacity() == 2 * CHUNK
+
+
+@torch.no_grad()
+def test_decoding_token_by_token_past_a_full_chunk_matches_the_stock_cache():
+    model = tiny_llama()
+    cache, stock = new_cache(model), new_cache(model, in_place=False)
+    ids = torch.randint(64, (1, CHUNK + 3))
+    chunks = [ids[:, :CHUNK]] + [ids[:, i:i + 1] for i in range(CHUNK, CHUNK + 3)]  # a full buffer, then steps
+    for chunk in chunks:
+        assert torch.allclose(forward_target(model, chunk, cache), forward_target(model, chunk, stock), atol=1e-6)
+    for layer, ref in zip(cache.layers, stock.layers):
+        assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)

@@ -80,13 +80,14 @@ def _profile(target, head, **settings):
     return cp.get_profile(target, head, {}, make_drafter, **settings)
 
 
-def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch):
+def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatch, steady_timings):
     target, head = tiny
     prof = _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=6, reps=1, context=8)
     assert len(prof.verify_s) == 6 and len(prof.draft_s) == 2 and all(t > 0 for t in prof.verify_s + prof.draft_s)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["verify_s"] == prof.verify_s
-    monkeypatch.setattr(cp, "_loaded", {})  # a new process: the file is read, nothing measured
+    monkeypatch.setattr(cp, "_loaded", {})  # a new process: the file is read, nothing measured but the probe
+    monkeypatch.setattr(cp, "probe_t1", lambda *a, **k: (prof.verify_s[0], 0.0))  # a probe that agrees
 
     def no_measuring(*a, **k):
         raise AssertionError("measured again")
@@ -99,21 +100,21 @@ def test_profile_is_measured_once_then_read_from_disk(tiny, tmp_path, monkeypatc
         _profile(target, head, depth=3, top_k=2, profile_dir=other, max_q=6, reps=1, context=8)
 
 
-def test_reprofile_measures_again(tiny, tmp_path, monkeypatch):
+def test_reprofile_measures_again(tiny, tmp_path, monkeypatch, steady_timings):
     target, head = tiny
     _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8)
     monkeypatch.setattr(cp, "_loaded", {})
     calls = []
     real = cp.measure_verify
-    monkeypatch.setattr(cp, "measure_verify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(cp, "measure_verify", lambda *a, **k: calls.append(k["max_q"]) or real(*a, **k))
     _profile(target, head, depth=2, top_k=2, profile_dir=tmp_path, max_q=4, reps=1, context=8,
                    remeasure=True)
-    assert calls == [1]
+    assert [q for q in calls if q > 1] == [4]  # the curve once (besides the one-token probe)
 
 
 @pytest.mark.parametrize("stale", ['{"verify_s": [1.0], "draft_s": [], "context": 8, "meta": {}, "schema": 9}',
                                    '{"verify_s": [1.0', ""])
-def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale):
+def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypatch, stale, steady_timings):
     """A cached profile in another version's format (an unknown field), torn or empty is measured again
     and rewritten, not a crash."""
     target, head = tiny
@@ -127,8 +128,9 @@ def test_an_unreadable_cached_profile_is_measured_again(tiny, tmp_path, monkeypa
     assert json.loads(path.read_text())["verify_s"] == again.verify_s
 
 
-def test_auto_budget_is_recorded_per_round(tiny, tmp_path):
+def test_auto_budget_is_recorded_per_round(tiny, tmp_path, monkeypatch):
     target, head = tiny
+    monkeypatch.setattr(cp, "probe_t1", lambda *a, **k: (1.0, 0.0))  # the planted T(1): it is used as it is
     # a profile where verifying more than 3 tokens is very expensive: the budget must stay <= 2
     key = cp.profile_key(target, head, {"lm_head_dtype": None, "vocab": None}, 3, 4, 256, 9)
     (tmp_path / f"{key}.json").write_text(json.dumps(

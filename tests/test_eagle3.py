@@ -179,3 +179,21 @@ def test_a_reduced_vocabulary_head_drafts_only_its_own_tokens(tiny6):
     drafter.propose = recording
     generate(tiny6, drafter, [2, 5, 3, 9], GREEDY, 20, set())
     assert len(drafted) > 20 and set(drafted) <= vocab, sorted(set(drafted) - vocab)
+
+
+def test_each_drafted_token_is_the_target_id_of_its_draft_logit(tiny6):
+    """``d2t`` read at the draft id itself: the drafter's k best children are, best first, the target ids
+    ``d + d2t[d]`` of the k highest draft log-probabilities d, with those log-probabilities as confidences
+    (an index off by one would propose a neighbour's token, or run past the table)."""
+    head = random_eagle3_head(tiny6, draft_vocab_size=16, seed=7)
+    drafter = build_drafter(EAGLE3, tiny6, GREEDY, None, weights={"eagle3_head": head})
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        logp = drafter.log_probs(torch.randn(1, tiny6.config.hidden_size, generator=gen))[0]  # (16,)
+        tokens, conf = drafter.top(logp, 3)
+        draft_ids = torch.topk(logp, 3).indices
+        assert tokens.tolist() == (draft_ids + head.d2t[draft_ids]).tolist()
+        assert torch.equal(conf, logp[draft_ids]) and bool(head.t2d[tokens].all())
+    last = torch.full((16,), -1e9)
+    last[15] = 0.0  # the table's last row: an off-by-one runs past it or maps elsewhere
+    assert drafter.top(last, 1)[0].tolist() == [15 + int(head.d2t[15])]

@@ -24,7 +24,7 @@ from analysis.metrics import iter_rows, load_failures
 from analysis.report import build_report
 from eagle2.heads.eagle_head import save_head
 from experiments.research.recipe import EXPERIMENTS, commands
-from tests.conftest import tiny_head
+from tests.conftest import tiny_head, unloadable_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -133,7 +133,7 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head
 
 def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     results = tmp_path / "r"
-    missing = tmp_path / "no_such_head"
+    missing = unloadable_weights(tmp_path / "no_such_head")  # passes the checks before loading, not the loader
     out = run_py("-m", "method=eagle2,plain", "dataset.limit=1", *COMMON, f"paths.results={results}",
                  f"model.head={missing}", f"hydra.sweep.dir={tmp_path / 'multirun'}")
     assert out.returncode == 0, out.stderr
@@ -154,7 +154,7 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 def test_single_run_failure_exits_nonzero_with_one_message(tmp_path):
     out = run_py("method=sps", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}",
-                 f"model.sps_draft={tmp_path / 'no_draft'}", f"hydra.run.dir={tmp_path / 'hydra'}")
+                 f"model.sps_draft={unloadable_weights(tmp_path / 'no_draft')}", f"hydra.run.dir={tmp_path / 'hydra'}")
     assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if "run failed" in line]
     assert len(errors) == 1 and errors[0].startswith("[eagle2] run failed:") and "no_draft" in errors[0]

@@ -18,6 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+import eagle2.bench  # noqa: F401  (registers the config resolvers the composed configs use)
 from eagle2.results import store as results
 from eagle2.results.store import ResultStore, StoreBusyError, StoreWriteError, config_hash
 
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
 # the experiments) must change the hash, or tests below fail
 NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale",
-                   "batch_refill"}  # batch_refill: hashed only with batch_size > 1 (tests/test_batch.py)
+                   "batch_refill", "too_long_prompts"}  # batch_refill: hashed only with batch_size > 1
+# (tests/test_batch.py); too_long_prompts: hashed only as truncate_left (as truncate_long_prompts=true)
 
 
 def open_store(root: Path, chash: str = "abc") -> ResultStore:
@@ -298,10 +300,17 @@ def test_settings_added_later_keep_existing_hashes():
         cfg = config(*overrides)
         legacy = OmegaConf.to_container(cfg)
         del legacy["truncate_long_prompts"], legacy["model"]["path"], legacy["dataset"]["hub"]
+        del legacy["too_long_prompts"]
         assert config_hash(OmegaConf.create(legacy)) == config_hash(cfg)
 
 
-@pytest.mark.parametrize("override", ["truncate_long_prompts=true", "model.path=/weights/elsewhere",
+@pytest.mark.parametrize("override", ["truncate_long_prompts=true", "too_long_prompts=truncate_left",
+                                      "model.path=/weights/elsewhere",
                                       "dataset.hub={path: gsm8k, split: test}"])
 def test_settings_added_later_change_the_hash_when_set(override):
     assert config_hash(config(override)) != config_hash(config())
+
+
+def test_a_too_long_policy_that_keeps_the_prompts_as_they_are_keeps_the_hash():
+    assert config_hash(config("too_long_prompts=skip")) == config_hash(config())
+    assert config_hash(config("too_long_prompts=truncate_left")) == config_hash(config("truncate_long_prompts=true"))

@@ -156,3 +156,26 @@ def test_eagle2_value_is_product_of_confidences():
             running *= float(conf[node])
             assert abs(running - float(torch.tensor(tree.records["value"])[
                 tree.records["tree_index"].index(node)])) < 1e-5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_eagle2_keeps_the_budget_best_drafted_nodes_by_path_value(monkeypatch, seed):
+    """The rerank step alone, before the tree is built: the nodes handed to the builder are the
+    ``total_tokens`` drafted nodes with the highest path value V (the product of confidences from the
+    root), ties shallower first; not the highest last-step confidence (which the builder's connectivity
+    check would only sometimes notice)."""
+    import eagle2.drafters.eagle2_dynamic as dynamic
+
+    handed = {}
+
+    def record(root, tokens, parents, depth, rank, log_conf, log_value, keep, **meta):
+        handed.update(log_conf=log_conf, log_value=log_value, depth=depth, keep=keep)
+        return DraftTree.root_only(root)
+
+    monkeypatch.setattr(dynamic, "tree_from_drafted", record)
+    _drafted_tree({"name": "eagle2", "depth": 4, "top_k": 4, "total_tokens": 12}, seed=seed)
+    value, depth = handed["log_value"], handed["depth"]
+    best = sorted(range(len(value)), key=lambda i: (-float(value[i]), int(depth[i])))[:12]
+    assert handed["keep"].tolist() == sorted(best)
+    by_conf = sorted(range(len(value)), key=lambda i: -float(handed["log_conf"][i]))[:12]
+    assert sorted(by_conf) != sorted(best)  # the two rankings differ here: the test can tell them apart

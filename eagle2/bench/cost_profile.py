@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from eagle2.bench.profile_checks import despike, measured_until_sound, probe_t1, stale_reason
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.clock import device_clock
 from eagle2.core.features import LayerTap
@@ -45,15 +46,6 @@ def monotone(values: list[float]) -> list[float]:
             (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
     return [m for m, n in blocks for _ in range(int(n))]
-
-
-def despike(values: list[float], window: int = 5) -> list[float]:
-    """Each timing replaced by the median of its ``window`` neighbours (fewer at the ends): one timing taken
-    while another process held the core must not move the whole curve. ``monotone`` alone pools a spike
-    into all its right-hand neighbours: a spike at q=2 once made T(2..25) flat, and the budget always the
-    largest."""
-    half = window // 2
-    return [statistics.median(values[max(0, i - half): i + half + 1]) for i in range(len(values))]
 
 
 def verify_curve(raw: list[float]) -> list[float]:
@@ -162,22 +154,39 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
     if key in _loaded:  # reprofile means once per process, not once per drafter
         return _loaded[key]
+    context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
     profile = None if remeasure else read_profile(path)
+    probe = probe_t1(measure_verify, target, context=profile.context if profile else context, rows=rows)
+    reason = stale_reason(profile, probe) if profile is not None else None  # eagle2.bench.profile_checks
+    if reason:
+        print(f"[eagle2] the cached cost profile {path} is measured again: {reason}", flush=True)
+        profile = None
     if profile is None:
-        context = min(context, int(getattr(target.config, "max_position_embeddings", context)) - max_q)
         print(f"[eagle2] measuring the cost profile (verify {rows} x q=1..{max_q}, draft depth 1..{depth}) -> {path}",
               flush=True)
-        verify = verify_curve(measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows))
-        draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
-        profile = CostProfile(verify, draft, context, {"key": key, "device": str(target.device),
-                                                        "dtype": str(target.dtype),
-                                                        "threads": torch.get_num_threads()}, rows)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(profile), indent=1))
-        os.replace(tmp, path)
+
+        def measure() -> CostProfile:
+            raw = measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows)
+            draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
+            return CostProfile(verify_curve(raw), draft, context, {
+                "key": key, "device": str(target.device), "dtype": str(target.dtype),
+                "threads": torch.get_num_threads(), "verify_raw_s": raw, "probe_t1_s": probe[0], "noise": probe[1]},
+                rows)
+
+        profile, problems = measured_until_sound(measure)
+        if problems:
+            profile.meta["cached"] = False  # this process only: a later run measures again
+        else:
+            write_profile(path, profile)
     _loaded[key] = profile
     return profile
+
+
+def write_profile(path: Path, profile: CostProfile) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(profile), indent=1))
+    os.replace(tmp, path)
 
 
 def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:

@@ -132,17 +132,24 @@ def spread_budget(model_cfg, location: str, dtype: torch.dtype) -> dict:
                       bool(model_cfg.get("allow_offload", False)))
 
 
+def load_tokenizer(model_cfg):
+    """The tokenizer of a ``conf/model/*.yaml`` entry alone (the checks before the target loads)."""
+    from transformers import AutoTokenizer
+
+    return load_pretrained(AutoTokenizer, weights_location(model_cfg))
+
+
 def load_target(model_cfg, device: str | None = None, kernels: str | None = None):
     """Load (model, tokenizer) for a ``conf/model/*.yaml`` entry, in eval mode, in its dtype (``auto``:
     ``eagle2.core.precision.concrete_dtype``) and with this CPU's fast kernels (``model.kernels``,
     ``model.compile``: ``eagle2.core.kernels``; ``kernels=`` overrides the config: training passes
     ``stock``, as packed linears have no backward)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     location, device = weights_location(model_cfg), device or model_cfg.device
     dtype = resolve_dtype(concrete_dtype(model_cfg.dtype, device))
     warn_if_slow_bf16(dtype, device)
-    tokenizer = load_pretrained(AutoTokenizer, location)
+    tokenizer = load_tokenizer(model_cfg)
     placement = device_map(model_cfg, device)
     spread = {"device_map": placement} if placement is not None else {}
     if placement is not None and torch.device(device).type == "cuda":

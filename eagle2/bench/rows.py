@@ -14,6 +14,8 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle2.bench.profile_checks import stamp
+from eagle2.bench.prompt_lengths import fits, overflow_message, room, too_long_policy
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import ContextOverflowError
 from eagle2.core.precision import dtype_name
@@ -25,17 +27,17 @@ log = logging.getLogger(__name__)
 
 
 def fit_prompt(prompt: list[int], cfg: DictConfig, context: int) -> list[int]:
-    room = context - int(cfg.max_new_tokens)
-    if len(prompt) <= room:
+    """``prompt`` as decoded: as it is when it fits (``prompt_lengths.fits``), its last tokens under
+    ``too_long_prompts=truncate_left``, else a ``ContextOverflowError`` (a turn the check before loading
+    could not see: its earlier answers made it too long)."""
+    if fits(len(prompt), cfg, context):
         return prompt
-    if cfg.model.get("stop_at_context") and len(prompt) < context:
-        return prompt  # decoding stops when the context is full (the authors' max_length stop)
-    if not cfg.truncate_long_prompts:
-        raise ContextOverflowError(
-            f"prompt has {len(prompt)} tokens but the context of {context} leaves room for {room} with "
-            f"max_new_tokens={cfg.max_new_tokens}; lower max_new_tokens or set truncate_long_prompts=true")
-    log.warning("prompt of %d tokens truncated to its last %d", len(prompt), room)
-    return prompt[-room:]
+    if too_long_policy(cfg) != "truncate_left":
+        raise ContextOverflowError(f"{overflow_message(len(prompt), cfg, context)}; lower max_new_tokens or set "
+                                   "too_long_prompts=truncate_left")
+    keep = room(cfg, context)
+    log.warning("prompt of %d tokens truncated to its last %d", len(prompt), keep)
+    return prompt[-keep:]
 
 
 def row_generator(seed: int, question_id, turn: int, device) -> torch.Generator:
@@ -67,7 +69,7 @@ def _peak_memory_mb(device) -> float | None:
 
 
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
-             batch: dict | None = None, placement: str = "unrecorded") -> dict:
+             batch: dict | None = None, placement: str = "unrecorded", drafter=None) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -88,7 +90,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "placement": placement,
-        "timestamp": time.time(),
+        "timestamp": time.time(), "cost_profile": stamp(getattr(drafter, "profile", None)),
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
     })
@@ -113,8 +115,13 @@ def failed_row(cfg, chash, question_id, turn, exc: BaseException, **extra) -> di
                     "error": f"{type(exc).__name__}: {exc}", "timestamp": time.time(), **extra})
 
 
+def _failure(row: dict) -> str:
+    return f"question {row['question_id']} turn {row['turn']}: {row['error']}"
+
+
 def summarize(store: ResultStore, questions: list[dict]) -> dict:
-    """Totals over this run's question turns (tokens/s as total tokens over total decode time); for rows
+    """Totals over this run's question turns (tokens/s as total tokens over total decode time), and the
+    turns that failed in this run (``failed_turns``, ``first_failure``); for rows
     decoded in batches also the batch throughput (all new tokens over the batch's wall span), the mean
     per-request decode rate and the mean request latency (``eagle2.results.throughput``)."""
     ids = {q["question_id"] for q in questions}
@@ -124,7 +131,9 @@ def summarize(store: ResultStore, questions: list[dict]) -> dict:
     prefill = sum(r.get("prefill_time_s") or 0.0 for r in rows)
     forwards = sum(r["target_forwards"] for r in rows)
     new_tokens = sum(r["new_tokens"] for r in rows)
-    return {"turns": len(rows), "new_tokens": new_tokens,
+    failed = [r for key, r in store.failed.items() if key[0] in ids and key not in store.done]
+    return {"turns": len(rows), "failed_turns": len(failed), "first_failure": _failure(failed[0]) if failed else None,
+            "new_tokens": new_tokens,
             "decode_time_s": wall, "tokens_per_s": decoded / wall if wall else None,
             "prefill_time_s": prefill, "e2e_tokens_per_s": end_to_end_rate(new_tokens, prefill, wall),
             "tau": decoded / forwards if forwards else None, "results": str(store.rows_path),

@@ -2,9 +2,12 @@
 decoded and stored as a row. ``run.py`` is a thin wrapper over ``run``.
 
 Multi-turn questions (MT-bench) see the model's own earlier answers through the chat template.
-Finished turns are skipped on a rerun; a turn that fails (a prompt longer than the context, an
-error in a forward) is stored as a failed row with its error, and the run goes on. A run that fails
-as a whole is stored by ``record_cell_failure`` (called from ``run.py``) as a row with no question.
+Finished turns are skipped on a rerun. Before the target loads, the config's keys and values, the drafter
+weights' files and every prompt's length are checked (``validation``, ``eagle2.heads.locations``,
+``prompt_lengths``). A turn that fails while decoding (a prompt its earlier answers made longer than the
+context, an error in a forward) is stored as a failed row with its error, the run goes on and its summary
+counts it (``run.py`` then exits non-zero). A run that fails as a whole is stored by
+``record_cell_failure`` (called from ``run.py``) as a row with no question.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 from omegaconf import DictConfig
 
 from eagle2.bench.methods import build_drafter
-from eagle2.bench.models import load_target
+from eagle2.bench.models import load_target, load_tokenizer
+from eagle2.bench.prompt_lengths import fitting_questions
 from eagle2.bench.rows import failed_row, fit_prompt, summarize
 from eagle2.bench.turns import decode_turns
 from eagle2.core.engine import ContextOverflowError, generate
@@ -63,10 +67,20 @@ def drafter_locations(cfg: DictConfig) -> dict[str, str]:
 
 
 def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
-    """Content hashes of the method's local drafter weights, by model-config key (None: a hub id)."""
+    """Content hashes of the method's local drafter weights, by model-config key (None: a hub id), once
+    their files are checked (``eagle2.heads.locations``: one line for a file, a missing folder, an LFS
+    pointer, a damaged header, before the target loads)."""
     from eagle2.heads.checkpoint import weights_fingerprint
+    from eagle2.heads.locations import WEIGHT_FILES_BY_KEY, check_weights_location
 
-    return {key: weights_fingerprint(location) for key, location in drafter_locations(cfg).items()}
+    locations = drafter_locations(cfg)
+    for key, location in locations.items():
+        own_check = weight_kinds()[key].check
+        if own_check is not None:
+            own_check(location, f"model.{key}")
+        else:
+            check_weights_location(location, f"model.{key}", WEIGHT_FILES_BY_KEY[key])
+    return {key: weights_fingerprint(location) for key, location in locations.items()}
 
 
 def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) -> None:
@@ -149,6 +163,7 @@ def run(cfg: DictConfig) -> dict:
         if todo:
             fingerprints = drafter_fingerprints(cfg)
             check_same_weights(store, fingerprints)
+            questions = fitting_questions(cfg, questions, load_tokenizer(cfg.model), store)  # before the target
             _decode_all(cfg, chash, store, questions, fingerprints)
         summary = summarize(store, questions)
     print(format_summary(cfg, summary), flush=True)
@@ -208,7 +223,8 @@ def format_summary(cfg, s: dict) -> str:
     e2e = f"{s['e2e_tokens_per_s']:.2f}" if s.get("e2e_tokens_per_s") else "n/a"
     tau = f"{s['tau']:.2f}" if s["tau"] else "n/a"
     return (f"[eagle2] summary {cfg.model.name}/{cfg.method.name}/{cfg.dataset.name} T={cfg.temperature}: "
-            f"{s['turns']} turns, {s['new_tokens']} new tokens, {tps} tokens/s (decode), "
+            f"{s['turns']} turns, {s.get('failed_turns', 0)} failed, {s['new_tokens']} new tokens, "
+            f"{tps} tokens/s (decode), "
             f"{e2e} tokens/s (end to end, prefill included), tau {tau}\n"
             + (_batch_line(s) if s.get("batch_size", 1) > 1 else "") +
             f"[eagle2] rows: {s['results']}")

@@ -71,7 +71,7 @@ def decode_turns(cfg, *, chash: str, store, questions: list[dict], target, token
             "batch_admitted_at": res.admitted_at, "batch_retired_at": res.retired_at,
             "batch_run_start": res.run_started}
         row = make_row(cfg, chash, q, turn, res.request.prompt_ids, res.output, tokenizer, fingerprints, kernels,
-                       batch, placement=placement_summary(target))
+                       batch, placement=placement_summary(target), drafter=res.request.drafter)
         store.append(row, res.output.nodes)
         logger.log_row(row)
         enqueue(q, turn + 1, [*answers, row["output_text"]], first=batch_size == 1)

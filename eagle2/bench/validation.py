@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from eagle2.bench.known_keys import unknown_key_message
+from eagle2.bench.prompt_lengths import POLICIES, PromptTooLongError
 from eagle2.core.kernels import KERNELS
 from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
+from eagle2.heads.locations import WeightLocationError
 from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
 
 __all__ = ["ConfigError", "QuestionFileError", "REFUSED", "validate_run_config"]
@@ -21,7 +24,8 @@ class ConfigError(ValueError):
     """A config value out of its valid range."""
 
 
-REFUSED = (ConfigError, QuestionFileError)  # a config refused before it ran: no row is stored for it
+# refused before anything ran: no row is stored for it
+REFUSED = (ConfigError, QuestionFileError, WeightLocationError, PromptTooLongError)
 
 
 def _is_int(value) -> bool:
@@ -81,10 +85,15 @@ def validate_method_config(method: DictConfig) -> None:
 
 def validate_run_config(cfg: DictConfig) -> None:
     """Raise one clear error for the first bad value of a run config (see the module docstring)."""
+    unknown = unknown_key_message(cfg)  # a key no config group has (Hydra's + lets it through)
+    if unknown:
+        raise ConfigError(unknown)
     _int("max_new_tokens", cfg.get("max_new_tokens"), 1)
     _int("threads", cfg.get("threads"), 1, nullable=True, null_means="torch's default")
     _int("warmup_tokens", cfg.get("warmup_tokens"), 0, nullable=True, null_means="no warm-up")
     _int("batch_size", cfg.get("batch_size", 1), 1)
+    if cfg.get("too_long_prompts", "fail") not in POLICIES:
+        raise _bad("too_long_prompts", cfg.get("too_long_prompts"), " or ".join(POLICIES))
     seed = cfg.get("seed")
     if not _is_int(seed):
         raise _bad("seed", seed, "an integer")

@@ -97,12 +97,27 @@ def check_state(what: str, state: dict[str, torch.Tensor], expected: dict[str, t
             raise ValueError(f"{what}: {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class WeightLocationError(ValueError):
+    """A drafter-weight location that cannot hold loadable weights, found from its files alone."""
+
+
+def could_be_hub_id(location: str) -> bool:
+    """``owner/name`` and nothing that only a local path has (a leading ``.``, ``/`` or ``~``, more parts)."""
+    return bool(HUB_ID.match(location)) and not location.startswith((".", "~"))
+
+
 def checkpoint_folder(location: str, what: str, config_key: str, files=("config.json", *WEIGHT_FILES)) -> Path:
     """``location`` as a local folder, or the hub snapshot of that id (only ``files``, glob patterns). A hub
     failure becomes one clear line naming ``what`` and the config key to pass a local folder with."""
     path = Path(location)
     if path.is_dir():
         return path
+    if path.is_file() or not could_be_hub_id(str(location)):  # eagle2.heads.locations says which, in one line
+        what = "a file, not a folder" if path.is_file() else "no such folder, and not a hub id (owner/name) either"
+        raise WeightLocationError(f"{config_key}={location}: {what}")
     from huggingface_hub import snapshot_download
 
     try:

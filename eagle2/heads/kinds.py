@@ -3,6 +3,9 @@
 are (what a ``conf/method`` YAML lists under ``weights``), ``load(location, target)`` reads them for a
 target and ``save(module, folder, dtype=None)`` writes them in that format (what training writes).
 
+A kind whose location is not a weights folder (REST's datastore is one ``.npz`` file) gives its own
+``check(location, key)``, run before any model loads; the others get ``heads.locations``' folder checks.
+
 ``weight_kinds()`` discovers them by importing the modules of ``eagle2.heads``: a new kind is one new
 heads module, nothing else to register.
 """
@@ -21,6 +24,7 @@ class WeightKind:
     key: str  # model-config key, e.g. "head"
     load: Callable  # (location, target) -> module
     save: Callable  # (module, folder, dtype=None) -> folder
+    check: Callable | None = None  # (location, key) -> None, raising one line; None: a weights folder's checks
 
 
 @lru_cache(maxsize=None)

@@ -136,13 +136,18 @@ def top_prefixes(continuations: np.ndarray, choices: int) -> tuple[list[tuple[in
 BUILD_COMMAND = "python -m experiments.ops.build_datastore"
 
 
-def load_datastore(location: str | Path, target=None) -> Datastore:
-    """The datastore at ``location`` (``model.rest_datastore``); a missing file is one line naming the build."""
-    from eagle2.heads.checkpoint import WeightFileError
+def check_datastore(location: str | Path, key: str = "model.rest_datastore") -> None:
+    """One line when ``location`` holds no datastore file (naming the command that builds it)."""
+    from eagle2.heads.checkpoint import WeightLocationError
 
     if not Path(location).is_file():
-        raise WeightFileError(f"no REST datastore at {location}: build it with `{BUILD_COMMAND} --corpus chat "
-                              f"--out {location}` (or --corpus code)")
+        raise WeightLocationError(f"{key}={location}: no REST datastore there; build it with `{BUILD_COMMAND} "
+                                  f"--corpus chat --out {location}` (or --corpus code)")
+
+
+def load_datastore(location: str | Path, target=None) -> Datastore:
+    """The datastore at ``location`` (``model.rest_datastore``), checked first (``check_datastore``)."""
+    check_datastore(location)
     return Datastore.load(location)
 
 
@@ -150,4 +155,4 @@ def save_datastore(store: Datastore, path: str | Path, dtype=None) -> Path:
     return store.save(path)
 
 
-WEIGHT_KIND = WeightKind("rest_datastore", load_datastore, save_datastore)
+WEIGHT_KIND = WeightKind("rest_datastore", load_datastore, save_datastore, check_datastore)

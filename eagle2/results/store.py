@@ -67,7 +67,7 @@ def config_hash(cfg) -> str:
         picked["model"]["dtype"] = auto_dtype(str(resolved["model"].get("device", "cpu")))
     picked["dataset"] = _pick(resolved["dataset"], DATASET_KEYS, DATASET_KEYS_WHEN_SET)
     picked["method"] = _method_settings(picked["method"])
-    if resolved.get("truncate_long_prompts"):
+    if resolved.get("truncate_long_prompts") or resolved.get("too_long_prompts") == "truncate_left":
         picked["truncate_long_prompts"] = True
     if int(resolved.get("batch_size") or 1) > 1:  # batch 1 keeps every existing hash
         picked["batch_size"] = int(resolved["batch_size"])
@@ -288,6 +288,7 @@ class ResultStore:
         self.nodes_dir = self.folder / f"{method}-{chash}.nodes"
         self.corrupt_path = self.rows_path.with_suffix(".corrupt")
         self.done: dict[tuple[int, int], dict] = {}
+        self.failed: dict[tuple[int, int], dict] = {}  # question turns that failed in this process
         self._lock = RowsLock(self.rows_path.with_suffix(".lock"))
         self._lock.acquire()
         try:
@@ -323,6 +324,8 @@ class ResultStore:
             raise _write_error(self.rows_path, exc) from exc
         if row.get("status") == "ok":
             self.done[(row["question_id"], row["turn"])] = row
+        elif row.get("question_id") is not None:
+            self.failed[(row["question_id"], row["turn"])] = row
 
     def _repair(self) -> bytes:
         """Delete ``.partial`` node files; move trailing torn or unreadable lines aside; return the rest."""

@@ -44,6 +44,7 @@ from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batc
 from eagle2.training.joint import clip_gradients
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
+from eagle2.training.warm_state import read_warm_state
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -211,12 +212,12 @@ class Trainer:
     def resume_warm(self) -> None:
         """Continue from ``cfg.resume_dir`` (module docstring), when it holds this run's state."""
         folder = self.cfg.get("resume_dir")
-        state_path = Path(folder) / "resume.json" if folder else None
-        if state_path is None or not state_path.exists():
+        state = read_warm_state(folder)
+        if state is None:
             return
         from safetensors.torch import load_file
 
-        state = json.loads(state_path.read_text())
+        state_path = Path(folder) / "resume.json"
         if state["fingerprint"] != json.loads(json.dumps(self.fingerprint)):
             raise ValueError(f"{state_path} was written by a different run ({state['fingerprint']} vs "
                              f"{self.fingerprint}); set resume_dir to another folder or delete it")

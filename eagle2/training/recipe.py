@@ -293,6 +293,14 @@ def _say(line: str) -> None:
         print(line, flush=True)
 
 
+def _exported(what: str, folder: Path | None) -> str:
+    """The line for a training stage's result (None: it stopped before the end, so nothing was exported)."""
+    if folder is None:
+        return (f"[train_head] {what}: training stopped before its end (stop_after), nothing exported; rerun the "
+                "stage to continue from its checkpoint")
+    return f"[train_head] {what} exported to {folder}"
+
+
 def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     """Run ``stage`` (one of ``STAGES``) or all of them in order."""
     stages = stages_of(stage)
@@ -307,16 +315,16 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
     if "corpus" in stages:
         _say(f"[train_head] corpus: {corpus_stage(target, tokenizer, cfg.train.corpus, root)}")
     if "head" in stages:
-        _say(f"[train_head] head exported to {head_stage(target, tokenizer, cfg, root)}")
+        _say(_exported("head", head_stage(target, tokenizer, cfg, root)))
     if "joint" in stages:
-        _say(f"[train_head] EAGLE and EAGLE-3 heads exported to {joint_stage(target, tokenizer, cfg, root)}")
+        _say(_exported("EAGLE and EAGLE-3 heads", joint_stage(target, tokenizer, cfg, root)))
     if "eagle3" in stages:
-        _say(f"[train_head] EAGLE-3 head exported to {eagle3_stage(target, tokenizer, cfg, root)}")
+        _say(_exported("EAGLE-3 head", eagle3_stage(target, tokenizer, cfg, root)))
     if "draft" in stages:
-        _say(f"[train_head] SpS draft exported to {draft_stage(target, cfg, root)}")
+        _say(_exported("SpS draft", draft_stage(target, cfg, root)))
     if "medusa" in stages:  # trains, exports and evaluates (eagle2/training/medusa.py)
         from eagle2.training.medusa import medusa_stage
 
-        _say(f"[train_head] Medusa heads exported to {medusa_stage(target, tokenizer, cfg, root)}")
+        _say(_exported("Medusa heads", medusa_stage(target, tokenizer, cfg, root)))
     if "eval" in stages:
         eval_stage(target, tokenizer, cfg, root)

@@ -1,0 +1,105 @@
+"""Unknown config keys refused in one line, with the nearest known key.
+
+Hydra refuses ``model.eagle_head=X`` but lets ``+model.eagle_head=X`` through; the run would then decode
+with the shipped head under the default config's hash. The keys a run may carry are what the config
+groups themselves compose to: ``conf/config.yaml`` with every option of every group (model, method,
+dataset, logger) and every experiment preset, composed once per process. No list is kept by hand, so a
+key added to any YAML is known at once.
+
+Below a key whose composed value is not a mapping (a list, a scalar, null) or is an empty mapping, any
+structure is accepted: such values are the user's data (``model.max_memory={0: 70GiB}``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from eagle2.prompts.questions import PROJECT_ROOT
+
+CONF_DIR = PROJECT_ROOT / "conf"
+GROUPS = ("model", "method", "dataset", "logger", "experiment")  # the groups a run's config composes from
+
+
+def _merge(known: dict, tree: dict) -> None:
+    """Add the key structure of ``tree`` to ``known`` (a mapping wins over a leaf at the same key)."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            if not isinstance(known.get(key), dict):
+                known[key] = {}
+            _merge(known[key], value)
+        else:
+            known.setdefault(key, None)
+
+
+@lru_cache(maxsize=4)
+def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
+    """The union of the key structures of every composition of ``conf_dir``'s primary config with one
+    option of one group (options starting with ``_`` are bases the others include)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(conf_dir))
+    overrides = [[]] + [[f"{group}={option}"] for group in GROUPS for option in loader.get_group_options(group)
+                        if not option.startswith("_")]
+    known: dict = {}
+    for override in overrides:
+        cfg = loader.load_configuration(config_name="config", overrides=override, run_mode=RunMode.RUN)
+        tree = OmegaConf.to_container(cfg, resolve=False)
+        tree.pop("hydra", None)
+        _merge(known, tree)
+    return known
+
+
+def _paths(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        out.append(prefix + str(key))
+        if isinstance(value, dict):
+            out.extend(_paths(value, f"{prefix}{key}."))
+    return out
+
+
+def unknown_keys(cfg: DictConfig | dict, known: dict | None = None, prefix: str = "") -> list[str]:
+    """Dotted paths of the keys of ``cfg`` that no composition of the config groups has."""
+    tree = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    known = known_tree() if known is None else known
+    out = []
+    for key, value in tree.items():
+        if key == "hydra":
+            continue
+        if key not in known:
+            out.append(prefix + str(key))
+        elif isinstance(value, dict) and isinstance(known[key], dict) and known[key]:
+            out.extend(unknown_keys(value, known[key], f"{prefix}{key}."))
+    return out
+
+
+def nearest_keys(path: str, known: dict | None = None, n: int = 2) -> list[str]:
+    """The known dotted keys closest to ``path``, from its own section first: those closest in spelling,
+    then those whose last part is a word of its last part (``model.eagle_head``: ``model.head``)."""
+    candidates = _paths(known_tree() if known is None else known)
+    section, _, last = path.rpartition(".")
+    same = [c for c in candidates if c.rpartition(".")[0] == section]
+    for pool in (same, candidates):
+        close = difflib.get_close_matches(path, pool, n=n, cutoff=0.6)
+        words = [c for c in pool if c not in close and c.rpartition(".")[2] in last.split("_")]
+        if close or words:
+            return close + words[:1]
+    return []
+
+
+def unknown_key_message(cfg: DictConfig) -> str | None:
+    """One line naming the first unknown key and the nearest known one; None when every key is known."""
+    unknown = unknown_keys(cfg)
+    if not unknown:
+        return None
+    near = nearest_keys(unknown[0])
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    more = f" (and {len(unknown) - 1} more: {', '.join(unknown[1:4])})" if len(unknown) > 1 else ""
+    return (f"unknown key {unknown[0]}{more}: no config under {Path(CONF_DIR).name}/ has it, so it would "
+            f"change nothing{hint}")
