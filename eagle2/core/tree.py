@@ -83,6 +83,19 @@ class DraftTree:
     def position_ids(self, prefix_len: int, device=None) -> torch.Tensor:
         return (self.depths + prefix_len)[None].to(device)
 
+    def verify_inputs(self, prefix_len: int, dtype: torch.dtype, device=None):
+        """(tokens (1, N), the additive mask of ``attention_mask`` or None, position ids (1, N)) on ``device``,
+        from ONE host-to-device copy (tokens, depths and the ancestor matrix packed together: on a GPU each
+        blocking copy from host memory is a sync); the mask is then built on the device."""
+        n = len(self)
+        packed = torch.cat([self.tokens[:, None], self.depths[:, None], self.ancestor_matrix().long()], dim=1)
+        packed = packed.to(device)  # (N, 2 + N)
+        tokens, positions = packed[:, 0][None], (packed[:, 1] + prefix_len)[None]
+        if n == 1:
+            return tokens, None, positions
+        allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=packed.device), packed[:, 2:] > 0], 1)
+        return tokens, additive_mask(allowed, dtype, packed.device), positions
+
     def paths(self) -> list[list[int]]:
         """Root-to-leaf node-index paths."""
         out = []
