@@ -68,7 +68,7 @@ def test_a_whole_round_syncs_a_bounded_number_of_times(temperature):
     stochastic = accepted if temperature > 0 else 0
     assert vd.reads <= 2 * rounds + stochastic + 2, (vd.reads, rounds, accepted)
     assert vd.writes <= 4 * rounds + 2, (vd.writes, rounds)
-    print(f"T={temperature}: {rounds} rounds, {vd.reads / rounds:.2f} reads + {vd.writes / rounds:.2f} copies per round")
+    print(f"T={temperature}: {rounds} rounds, {vd.reads / rounds:.2f} reads, {vd.writes / rounds:.2f} copies a round")
 
 
 class ReadsEachDepth(Counted):
