@@ -65,3 +65,51 @@ def test_broken_commit_fails(stage, monkeypatch):
     real = engine.keep_tree_path
     monkeypatch.setattr(engine, "keep_tree_path", lambda c, p, nodes: real(c, p, list(range(len(nodes)))))
     assert run(stage)["status"] == "failed"
+
+
+def virtual_syncs(vd):
+    """``timed_section_syncs``'s counter on virtual devices (``tests.virtual_devices``: reads and copies)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def counting():
+        start = vd.syncs
+        yield lambda: vd.syncs - start
+
+    return counting
+
+
+def test_the_verify_criterion_fails_a_host_bound_timed_section(monkeypatch):
+    """The timed section of ``measure_verify`` syncs nothing (its inputs are on the device before the
+    clock starts); a variant that copies an input from the host inside it is caught by the criterion."""
+    from eagle2.bench import cost_profile
+    from tests.conftest import tiny_llama
+    from tests.virtual_devices import VirtualDevices
+
+    target = tiny_llama(vocab=64, layers=2, seed=0)
+    same = [1.0, 1.0]  # equal curves: only the syncs decide
+    with torch.no_grad(), VirtualDevices() as vd:
+        vd.place(target, "cuda:0")
+        syncs = gs.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 0 and gs.verify_ok(same, same, same, syncs)
+        real = cost_profile.measure_verify
+
+        def host_bound(target, *, timer, **kw):  # the inputs copied from the host inside the timed section
+            return real(target, timer=lambda fn, reps, device, q: timer(
+                lambda: (torch.zeros(q).to(device), fn()), reps, device, q), **kw)
+
+        monkeypatch.setattr(cost_profile, "measure_verify", host_bound)
+        syncs = gs.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 1 and not gs.verify_ok(same, same, same, syncs)
+
+
+def test_the_verify_stage_times_a_sample_of_q():
+    """Sized to its limit: the CPU half's verify rows time q = 1, 2, 4, 8 only."""
+    row = next(r for r in rows_of("verify_cost") if r["status"])
+    assert row["q"] == [1, 2, 4, 8] and len(row["ratio_wall"]) == 4 and row["status"] == "ok", row
+
+
+def rows_of(stage: str) -> list[dict]:
+    rows: list[dict] = []
+    gs.run_stage(stage, gs.scale_for("cpu"), gs.row_writer(None, rows))
+    return rows
