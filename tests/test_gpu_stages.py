@@ -113,3 +113,16 @@ def rows_of(stage: str) -> list[dict]:
     rows: list[dict] = []
     gs.run_stage(stage, gs.scale_for("cpu"), gs.row_writer(None, rows))
     return rows
+
+
+def test_the_half_target_keeps_float32_rotary_tables():
+    """As a checkpoint loads (transformers keeps ``inv_freq`` in fp32): the audit's half target must not
+    round its rotary angles, or the tolerance it measures is inflated."""
+    from experiments.gpu_check import models as gm
+
+    reference = gm.peaked_target(gm.target_config("vicuna7b", 1, 8), "cpu")
+    twin = gm.half_copy(reference, torch.float16)
+    tables = {n: b for n, b in twin.named_buffers() if n.endswith("inv_freq")}
+    assert tables and all(b.dtype == torch.float32 for b in tables.values())
+    assert all(torch.equal(b, dict(reference.named_buffers())[n]) for n, b in tables.items())
+    assert twin.model.embed_tokens.weight.dtype == torch.float16 and twin.successor is reference.successor
