@@ -5,6 +5,7 @@ results store as a failed cell. In a sweep (``-m``) the sweep then goes on to th
 run exits non-zero with one line naming the error.
 """
 
+import eagle2  # noqa: I001  (first: on a bare GPU node it makes `make gpu-env`'s hydra and omegaconf importable)
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
