@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from eagle2.bench.gpu_facts import reset_peak_memory
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
 from eagle2.bench.placement import summary as placement_summary
@@ -116,8 +117,7 @@ def load_drafter_weights(cfg: DictConfig, target) -> dict:
 
 def _reset_peak_memory(device) -> None:
     """Start this config's peak-memory count (a sweep runs many configs in one process)."""
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)  # on every GPU: a spread target's peak is over all of them
 
 
 def _free_after_oom(device) -> None:
