@@ -219,14 +219,10 @@ def sampled(qs, timer):
 
 
 def wall_timer(fn, reps, device, q):
-    """Median wall seconds (the device synchronised at each read: ``device_clock``)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = device_clock(device)
-        fn()
-        times.append(device_clock(device) - t0)
-    return statistics.median(times)
+    """Median wall seconds (``measure_verify``'s own timing: the device synchronised at each read)."""
+    from eagle2.bench.cost_profile import _median_time
+
+    return _median_time(fn, reps, device)
 
 
 def gpu_timer(wall: list[float]):
