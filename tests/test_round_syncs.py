@@ -83,3 +83,59 @@ class ReadsEachDepth(Counted):
 def test_a_read_per_depth_is_caught():
     _, _, drafter = split_round_syncs(0.0, ReadsEachDepth)
     assert set(drafter.per_propose) == {(DEPTH, 1)}
+
+
+def head_masks(drafter_class=Eagle2Drafter):
+    """(mask, expected) per depth of one drafting round: the head's additive mask over the tree part as
+    built on the device, and the ancestor matrix walked on the host from the fed parents (the old way)."""
+    target = tiny_llama(vocab=64, layers=2, seed=0, scale=3.0)
+    drafter = drafter_class(tiny_head(target, seed=1), target.lm_head, "cpu", depth=DEPTH, top_k=3, total_tokens=12)
+    seen, fed_parent = [], []
+    real_head = drafter._head
+
+    def record(tokens, feats, positions, mask):
+        if expanding:  # not the catch-up's causal mask
+            seen.append(mask[0, 0, :, drafter.committed:] == 0)  # allowed tree entries of the newest nodes
+        return real_head(tokens, feats, positions, mask)
+
+    def expand(tokens, parent_fed, depth, parent_features):
+        if drafter.fed == 0:  # a new round: the head's tree entries were dropped at the catch-up
+            fed_parent.clear()
+        parents = parent_fed.tolist()
+        expected = torch.zeros(len(parents), len(fed_parent) + len(parents), dtype=torch.bool)
+        for row, p in enumerate(parents):
+            expected[row, len(fed_parent) + row] = True
+            while p != -1:
+                expected[row, p], p = True, fed_parent[p]
+        fed_parent.extend(parents)
+        wanted.append(expected)
+        expanding.append(True)
+        try:
+            return type(drafter).expand(drafter, tokens, parent_fed, depth, parent_features)
+        finally:
+            expanding.clear()
+
+    wanted, expanding = [], []
+    drafter._head, drafter.expand = record, expand
+    with torch.no_grad():
+        generate(target, drafter, PROMPT, SamplingParams(), 6, set())
+    return seen, wanted
+
+
+def test_the_heads_tree_mask_is_built_on_the_device_as_on_the_host():
+    seen, wanted = head_masks()
+    assert len(seen) == len(wanted) >= 2 * (DEPTH - 1)  # at least two rounds
+    assert all(torch.equal(s, w) for s, w in zip(seen, wanted))
+
+
+class ForgetsAncestors(Eagle2Drafter):
+    """Negative control: each depth's nodes see only themselves and their parent's own row."""
+
+    def expand(self, tokens, parent_fed, depth, parent_features):
+        self.fed_ancestors = torch.eye(self.fed, dtype=torch.bool)
+        return super().expand(tokens, parent_fed, depth, parent_features)
+
+
+def test_a_mask_that_forgets_ancestors_is_caught():
+    seen, wanted = head_masks(ForgetsAncestors)
+    assert not all(torch.equal(s, w) for s, w in zip(seen, wanted))
