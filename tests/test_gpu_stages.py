@@ -10,6 +10,7 @@ import torch
 
 from eagle2.core import engine
 from experiments.gpu_check import stages as gs
+from experiments.gpu_check import verify_timing as vt
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -90,8 +91,8 @@ def test_the_verify_criterion_fails_a_host_bound_timed_section(monkeypatch):
     same = [1.0, 1.0]  # equal curves: only the syncs decide
     with torch.no_grad(), VirtualDevices() as vd:
         vd.place(target, "cuda:0")
-        syncs = gs.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
-        assert syncs == 0 and gs.verify_ok(same, same, same, syncs)
+        syncs = vt.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 0 and vt.verify_ok(same, same, same, syncs)
         real = cost_profile.measure_verify
 
         def host_bound(target, *, timer, **kw):  # the inputs copied from the host inside the timed section
@@ -99,8 +100,8 @@ def test_the_verify_criterion_fails_a_host_bound_timed_section(monkeypatch):
                 lambda: (torch.zeros(q).to(device), fn()), reps, device, q), **kw)
 
         monkeypatch.setattr(cost_profile, "measure_verify", host_bound)
-        syncs = gs.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
-        assert syncs == 1 and not gs.verify_ok(same, same, same, syncs)
+        syncs = vt.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 1 and not vt.verify_ok(same, same, same, syncs)
 
 
 def test_the_verify_stage_times_a_sample_of_q():

@@ -88,9 +88,10 @@ class DraftTree:
         from ONE host-to-device copy (tokens, depths and the ancestor matrix packed together: on a GPU each
         blocking copy from host memory is a sync); the mask is then built on the device."""
         n = len(self)
-        packed = torch.cat([self.tokens[:, None], self.depths[:, None], self.ancestor_matrix().long()], dim=1)
+        positions = self.position_ids(prefix_len)[0]  # on the host: copied with the rest
+        packed = torch.cat([self.tokens[:, None], positions[:, None], self.ancestor_matrix().long()], dim=1)
         packed = packed.to(device)  # (N, 2 + N)
-        tokens, positions = packed[:, 0][None], (packed[:, 1] + prefix_len)[None]
+        tokens, positions = packed[:, 0][None], packed[:, 1][None]
         if n == 1:
             return tokens, None, positions
         allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=packed.device), packed[:, 2:] > 0], 1)

@@ -33,6 +33,16 @@ import torch
 from eagle2.core.engine import device_clock, generate
 from eagle2.core.sampling import SamplingParams
 from experiments.gpu_check import models as gm
+from experiments.gpu_check.verify_timing import (
+    VERIFY_QS,
+    VERIFY_RATIO_MAX,
+    cuda_syncs,
+    gpu_timer,
+    sampled,
+    timed_section_syncs,
+    verify_ok,
+    wall_timer,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("audit_vicuna7b", "audit_llama31_8b", "exact_fp32", "verify_cost", "draft_cost", "syncs")
@@ -40,7 +50,6 @@ LIMITS_S = {"audit_vicuna7b": 80, "audit_llama31_8b": 80, "exact_fp32": 45, "ver
             "syncs": 50}  # 455 s together: within the default 480 s budget
 AUDITED = {"audit_vicuna7b": "vicuna7b", "audit_llama31_8b": "llama31_8b"}  # each in its model config's dtype
 SHAPED = ("vicuna7b", "llama31_8b")  # the verify and draft costs: each in its config's dtype
-VERIFY_RATIO_MAX = 2.0
 DRAFT_CRITERION = "each depth past the 2nd adds <= 2x the 2nd's cost + 10% T(1) (no growth with depth)"
 
 
@@ -208,91 +217,6 @@ def exact_fp32(scale: Scale, emit) -> None:
     emit({"stage": "exact_fp32", "case": f"{name} width, {config.num_hidden_layers} layers, float32",
           "status": "ok" if ok else "failed", "criterion": "identical to plain in every turn, >= 1 accepted",
           "turns": scale.prompts, "identical": same, **facts})
-
-
-VERIFY_QS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 60, 64)  # the verify curve's sample (60: the authors' total_token)
-
-
-def sampled(qs, timer):
-    """A ``measure_verify`` timer that times only the q in ``qs`` (NaN elsewhere, nothing run)."""
-    return lambda fn, reps, device, q: timer(fn, reps, device, q) if q in qs else math.nan
-
-
-def wall_timer(fn, reps, device, q):
-    """Median wall seconds (``measure_verify``'s own timing: the device synchronised at each read)."""
-    from eagle2.bench.cost_profile import _median_time
-
-    return _median_time(fn, reps, device)
-
-
-def gpu_timer(wall: list[float]):
-    """A ``measure_verify`` timer: median GPU seconds between CUDA events around the forward, queued
-    behind a ``torch.cuda._sleep`` twice as long as its wall time, so the host's launches are hidden (the
-    forward's inputs are on the device before the start event: ``measure_verify``)."""
-    per_ms = _sleep_cycles_per_ms()
-
-    def timer(fn, reps, device, q):
-        fn()
-        cycles = int(per_ms * max(2e3 * wall[q - 1], 2.0))
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(cycles)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
-
-    return timer
-
-
-def timed_section_syncs(target, context: int, qs, counting) -> int:
-    """The most host syncs inside ``measure_verify``'s timed section over ``qs``: any one means the GPU
-    clock waited for the host there, and timed it. ``counting()`` is a context manager yielding a callable
-    that returns the syncs so far (``cuda_syncs`` on CUDA; the tests use virtual devices)."""
-    from eagle2.bench.cost_profile import measure_verify
-
-    counts = []
-
-    def timer(fn, reps, device, q):
-        fn()  # warm-up
-        with counting() as syncs:
-            fn()
-            counts.append(syncs())
-        return 1.0
-
-    measure_verify(target, context=context, max_q=max(qs), reps=1, timer=sampled(qs, timer))
-    return max(counts)
-
-
-@contextmanager
-def cuda_syncs():
-    """Implicit CUDA syncs (``torch.cuda.set_sync_debug_mode``'s warnings: reads and blocking copies)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(1)
-        try:
-            yield lambda: sum("synchroniz" in str(w.message) for w in caught)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-
-
-def verify_ok(ratio: list[float], gpu: list[float], wall: list[float], syncs: int) -> bool:
-    """The verify stage's criterion: T(max q)/T(1) in GPU time <= VERIFY_RATIO_MAX, GPU time <= 1.1 x wall
-    at every q, and no host sync inside the timed section (else the events time the host)."""
-    return syncs == 0 and ratio[-1] <= VERIFY_RATIO_MAX and all(g <= 1.1 * w for g, w in zip(gpu, wall))
-
-
-def _sleep_cycles_per_ms() -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)  # warm-up
-    start.record()
-    torch.cuda._sleep(10**7)
-    end.record()
-    end.synchronize()
-    return 10**7 / max(start.elapsed_time(end), 1e-3)
 
 
 def verify_cost(scale: Scale, emit) -> None:
