@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle clean
+.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle gpu-env clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ GPU_WHEELS := omegaconf==2.3.1 hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
 gpu-bundle:  ## pure-Python wheels the GPU image lacks (omegaconf, hydra-core, antlr4) into .gpu_bundle/ (carry it)
 	rm -rf .gpu_bundle
 	$(PYTHON) -m pip wheel -q --no-deps -w .gpu_bundle $(GPU_WHEELS)
+
+gpu-env:  ## on a GPU node: the bundle installed into .gpu_site, which run.py, analysis.report and eagle2.identity then import from
+	$(GPU_PYTHON) -m experiments.ops.gpu_check.env --bundle .gpu_bundle --site .gpu_site --for-runs
 
 GPU_CHECK_ARGS ?=   # e.g. --stages audit_vicuna7b,verify_cost --budget-s 300 (python -m experiments.ops.gpu_check --help)
 

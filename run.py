@@ -6,6 +6,7 @@ failed rows) ends with one line counting them. In a sweep (``-m``) the sweep the
 cell; a single run exits non-zero with that line.
 """
 
+import eagle2  # noqa: I001  (first: on a bare GPU node it makes `make gpu-env`'s hydra and omegaconf importable)
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode

@@ -10,3 +10,20 @@
 
 ``tests/test_layering.py`` checks the layering and that no import cycle exists.
 """
+
+import os as _os
+import sys as _sys
+from pathlib import Path as _Path
+
+
+def _bundled_site() -> None:
+    """A bare GPU node: the pure-Python wheels its image lacks (omegaconf, hydra-core, antlr4), installed by
+    ``make gpu-env`` (or ``make gpu-check``) into ``.gpu_site`` beside this package, are importable by
+    ``run.py``, ``python -m analysis.report`` and ``python -m eagle2.identity``. Appended last: a copy the
+    Python has itself always wins. ``EAGLE2_GPU_SITE`` names another folder."""
+    site = _Path(_os.environ.get("EAGLE2_GPU_SITE") or _Path(__file__).resolve().parent.parent / ".gpu_site")
+    if site.is_dir() and str(site) not in _sys.path:
+        _sys.path.append(str(site))
+
+
+_bundled_site()

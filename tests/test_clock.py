@@ -37,7 +37,7 @@ class FakeEvent:
         self.at = None
 
     def record(self, stream=None):
-        self.at = time.perf_counter()
+        self.at, self.stream = time.perf_counter(), stream
 
     def synchronize(self):
         Counts.waits += 1
@@ -60,6 +60,7 @@ def fake_cuda(monkeypatch):
     Counts.synchronize = Counts.waits = 0
     monkeypatch.setattr(clock, "uses_events", lambda device: True)
     monkeypatch.setattr(clock, "Event", FakeEvent)
+    monkeypatch.setattr(clock, "stream_of", lambda device: f"stream of {device}")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: setattr(Counts, "synchronize",
                                                                             Counts.synchronize + 1))
     return monkeypatch
@@ -125,3 +126,14 @@ def test_cpu_clock_reads_perf_counter_without_events(monkeypatch):
     with spans.span():
         pass
     assert len(spans) == 2 and 0.009 < spans.seconds() < 1.0 and spans.seconds(1) < 0.009
+
+
+def test_marks_are_recorded_on_the_timed_devices_stream(monkeypatch):
+    """``model.device=cuda:1``: the events go on cuda:1's stream, not the current device's (cuda:0)."""
+    streams = {}
+    monkeypatch.setattr(clock, "uses_events", lambda device: True)
+    monkeypatch.setattr(clock, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams.setdefault(str(device), object()))
+    timer = clock.Clock("cuda:1")
+    timer.mark()
+    assert timer._marks[0].stream is streams["cuda:1"]

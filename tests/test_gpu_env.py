@@ -147,3 +147,20 @@ def test_sentencepiece_is_declared_and_named_when_missing():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(req.startswith("sentencepiece") for req in extras["gpu"])
     assert gpu_env.FOR_RUNS["sentencepiece"] == "sentencepiece"
+
+
+def test_gpu_env_installs_the_bundle_for_the_runs_and_names_what_is_missing(machine, monkeypatch, capsys):
+    """make gpu-env (``--for-runs``): the bundle goes into the site whether or not a GPU is here; what run.py
+    imports must then be found (a package in neither the Python nor the bundle: exit 3, named)."""
+    tmp = machine(gpu=False)
+    (tmp / "bundle").mkdir()
+    pure_wheel(tmp / "bundle", "eagle2_bundled_fake")
+    monkeypatch.setattr(gpu_env, "RUN_IMPORTS", ("eagle2_bundled_fake",))
+    monkeypatch.setattr(gpu_env, "FOR_RUNS", {"eagle2_bundled_fake": "eagle2-bundled-fake",
+                                              "eagle2_unbundled_fake": "eagle2-unbundled-fake"})
+    args = ["--bundle", str(tmp / "bundle"), "--site", str(tmp / "site"), "--for-runs"]
+    assert gpu_env.main(args) == 0
+    assert (tmp / "site" / "eagle2_bundled_fake" / "__init__.py").exists()
+    monkeypatch.setattr(gpu_env, "RUN_IMPORTS", ("eagle2_bundled_fake", "eagle2_unbundled_fake"))
+    assert gpu_env.main(args) == gpu_env.MISSING
+    assert "eagle2-unbundled-fake missing" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import torch
 
 from eagle2.core import engine
 from experiments.ops.gpu_check import stages as gs
+from experiments.ops.gpu_check import verify_timing as vt
 from tests.broken_rules import accept_second_choice_too
 
 
@@ -65,3 +66,64 @@ def test_broken_commit_fails(stage, monkeypatch):
     real = engine.keep_tree_path
     monkeypatch.setattr(engine, "keep_tree_path", lambda c, p, nodes: real(c, p, list(range(len(nodes)))))
     assert run(stage)["status"] == "failed"
+
+
+def virtual_syncs(vd):
+    """``timed_section_syncs``'s counter on virtual devices (``tests.virtual_devices``: reads and copies)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def counting():
+        start = vd.syncs
+        yield lambda: vd.syncs - start
+
+    return counting
+
+
+def test_the_verify_criterion_fails_a_host_bound_timed_section(monkeypatch):
+    """The timed section of ``measure_verify`` syncs nothing (its inputs are on the device before the
+    clock starts); a variant that copies an input from the host inside it is caught by the criterion."""
+    from eagle2.bench import cost_profile
+    from tests.conftest import tiny_llama
+    from tests.virtual_devices import VirtualDevices
+
+    target = tiny_llama(vocab=64, layers=2, seed=0)
+    same = [1.0, 1.0]  # equal curves: only the syncs decide
+    with torch.no_grad(), VirtualDevices() as vd:
+        vd.place(target, "cuda:0")
+        syncs = vt.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 0 and vt.verify_ok(same, same, same, syncs)
+        real = cost_profile.measure_verify
+
+        def host_bound(target, *, timer, **kw):  # the inputs copied from the host inside the timed section
+            return real(target, timer=lambda fn, reps, device, q: timer(
+                lambda: (torch.zeros(q).to(device), fn()), reps, device, q), **kw)
+
+        monkeypatch.setattr(cost_profile, "measure_verify", host_bound)
+        syncs = vt.timed_section_syncs(target, 16, (1, 2, 8), virtual_syncs(vd))
+        assert syncs == 1 and not vt.verify_ok(same, same, same, syncs)
+
+
+def test_the_verify_stage_times_a_sample_of_q():
+    """Sized to its limit: the CPU half's verify rows time q = 1, 2, 4, 8 only."""
+    row = next(r for r in rows_of("verify_cost") if r["status"])
+    assert row["q"] == [1, 2, 4, 8] and len(row["ratio_wall"]) == 4 and row["status"] == "ok", row
+
+
+def rows_of(stage: str) -> list[dict]:
+    rows: list[dict] = []
+    gs.run_stage(stage, gs.scale_for("cpu"), gs.row_writer(None, rows))
+    return rows
+
+
+def test_the_half_target_keeps_float32_rotary_tables():
+    """As a checkpoint loads (transformers keeps ``inv_freq`` in fp32): the audit's half target must not
+    round its rotary angles, or the tolerance it measures is inflated."""
+    from experiments.ops.gpu_check import models as gm
+
+    reference = gm.peaked_target(gm.target_config("vicuna7b", 1, 8), "cpu")
+    twin = gm.half_copy(reference, torch.float16)
+    tables = {n: b for n, b in twin.named_buffers() if n.endswith("inv_freq")}
+    assert tables and all(b.dtype == torch.float32 for b in tables.values())
+    assert all(torch.equal(b, dict(reference.named_buffers())[n]) for n, b in tables.items())
+    assert twin.model.embed_tokens.weight.dtype == torch.float16 and twin.successor is reference.successor

@@ -76,7 +76,7 @@ def test_experiment_sweeps_and_scales(name):
 
     gpu = compose_cfg(f"experiment={name}", "model=vicuna7b", "dataset=gsm8k")
     assert gpu.model.device == "cuda" and gpu.dataset.limit is None
-    assert gpu.max_new_tokens == gpu.model.max_new_tokens == 1024  # the authors' limit for Vicuna
+    assert gpu.max_new_tokens == gpu.model.max_new_tokens == 512  # the authors' limit (eagenerate's default)
     assert gpu.method.total_tokens == 59  # the authors' tree for Vicuna-7B (their total_token 60) unless swept
     one_cell = compose_cfg(f"experiment={name}", *[f"{k}={v.split(',')[0]}" for k, v in params.items()])
     OmegaConf.to_container(one_cell, resolve=True)  # every interpolation of a cell resolves

@@ -63,23 +63,27 @@ def split(vd: VirtualDevices, target, cut: int | None = None):
 
 
 def decode(target, head, **drafting):
+    """(the output, the drafter) of one greedy EAGLE-2 decoding."""
     drafter = Eagle2Drafter(head, target.lm_head, target.device, depth=3, top_k=3, total_tokens=8, **drafting)
-    return generate(target, drafter, PROMPT, SamplingParams(), 24, set())
+    return generate(target, drafter, PROMPT, SamplingParams(), 24, set()), drafter
 
 
 def on_two_devices(make_head, layers=2, **drafting):
-    """(output on the host, output on the split target) for a head built by ``make_head(target)``."""
+    """(output on the host, output on the split target, the device of the split run's drafting LM head) for a
+    head built by ``make_head(target)``. The host run goes first: a drafting LM head copy it made must not
+    be reused on the split target (a copy lives on the device of the head it copies)."""
     target = tiny_llama(vocab=64, layers=layers, seed=0, scale=3.0)
     head = make_head(target)
     with torch.no_grad():
-        host = decode(target, head, **drafting).output_ids
+        host = decode(target, head, **drafting)[0].output_ids
         with VirtualDevices() as vd:
             split(vd, target)
             vd.place(head, FIRST)
             head.attach_embedding(target.get_input_embeddings())  # the head reads the target's (cuda:0)
             assert target.device == FIRST and target.lm_head.weight.device == LAST
-            spread = decode(target, head, **drafting).output_ids
-    return host, spread
+            spread, drafter = decode(target, head, **drafting)
+            lm_head_device = next(drafter.lm_head.parameters()).device
+    return host, spread.output_ids, lm_head_device
 
 
 def test_virtual_devices_raise_torchs_mismatch_error():
@@ -92,24 +96,56 @@ def test_virtual_devices_raise_torchs_mismatch_error():
         linear = vd.place(torch.nn.Linear(2, 2), LAST)
         with pytest.raises(RuntimeError, match="same device"):
             linear(a)
-        assert a.sum().tolist() == 2.0 and vd.syncs == 1  # a read of a device tensor: one sync
+        assert a.sum().tolist() == 2.0 and (vd.reads, vd.writes) == (1, 1)  # b's copy, a read: two syncs
+        made = torch.nn.Linear(2, 2, device=LAST)  # parameters made inside the mode keep their device
+        assert made.weight.device == LAST and made.bias.device == LAST
+        with pytest.raises(RuntimeError, match="same device"):
+            made(a)
+        torch.ones(2).to(LAST)  # a blocking host-to-device copy: a sync too
+        torch.ones(2).to(LAST, non_blocking=True)  # not this one
+        torch.tensor([1, 2], device=LAST)  # data from the host: a copy
+        torch.zeros(2, device=LAST)  # made on the device: no copy
+        assert (vd.reads, vd.writes, vd.syncs) == (1, 3, 4)
 
 
 def test_eagle2_on_a_target_over_two_devices():
-    host, spread = on_two_devices(lambda t: tiny_head(t, seed=1))
+    host, spread, _ = on_two_devices(lambda t: tiny_head(t, seed=1))
     assert spread == host
 
 
 def test_reduced_vocabulary_and_bf16_drafting_head_over_two_devices():
     """The drafting LM head's copy (bf16, a reduced vocabulary) lives with the target's, on cuda:1."""
     vocab = torch.arange(0, 64, 2)
-    host, spread = on_two_devices(lambda t: tiny_head(t, seed=1), lm_head_dtype=torch.bfloat16, vocab=vocab)
-    assert spread == host
+    host, spread, lm_head_device = on_two_devices(lambda t: tiny_head(t, seed=1), lm_head_dtype=torch.bfloat16,
+                                                  vocab=vocab)
+    assert spread == host and lm_head_device == LAST
+
+
+def test_a_drafting_copy_on_the_wrong_device_is_caught(monkeypatch):
+    """The control of the test above: a copy made on the head's device (cuda:0) instead of the target LM
+    head's is seen (the decoding itself still agrees: every crossing moves its input)."""
+    import eagle2.drafters.eagle_common as common
+
+    made = common.drafting_lm_head
+
+    def on_first(lm_head, dtype=None, vocab=None):
+        copy = made(lm_head, dtype, vocab)
+        if lm_head.weight.device.type == "cpu":  # the host run
+            return copy
+        moved = torch.nn.Linear(copy.in_features, copy.out_features, bias=copy.bias is not None, device=FIRST,
+                                dtype=copy.weight.dtype)
+        moved.weight.copy_(copy.weight.to(FIRST))
+        return moved
+
+    monkeypatch.setattr(common, "drafting_lm_head", on_first)
+    _, _, lm_head_device = on_two_devices(lambda t: tiny_head(t, seed=1), lm_head_dtype=torch.bfloat16,
+                                          vocab=torch.arange(0, 64, 2))
+    assert lm_head_device == FIRST
 
 
 def test_eagle3_taps_over_two_devices():
     """EAGLE-3 fuses inputs of layers on both devices: the tap brings them to the head's."""
-    host, spread = on_two_devices(lambda t: tiny_eagle3_head(t, seed=2), layers=4)
+    host, spread, _ = on_two_devices(lambda t: tiny_eagle3_head(t, seed=2), layers=4)
     assert spread == host
 
 

@@ -13,7 +13,14 @@ import torch
 from omegaconf import OmegaConf
 
 from eagle2.bench import placement
-from eagle2.bench.placement import PlacementError, check_offload, max_memory, summary, weights_bytes
+from eagle2.bench.placement import (
+    PlacementError,
+    check_offload,
+    largest_layer_bytes,
+    max_memory,
+    summary,
+    weights_bytes,
+)
 from eagle2.heads.shapes import llama_config
 
 GIB = 2**30
@@ -39,8 +46,21 @@ def test_70b_in_fp16_on_one_h200_is_placed_within_an_explicit_budget(gpus):
     needed = weights_bytes(llama_config("llama3_70b"), torch.float16)
     assert 0.9 * H200_FREE < needed < H200_FREE - 6 * GIB  # 70.6 B parameters x 2 bytes
     gpus(1)
-    plan = max_memory("llama3_70b", needed, placement.gpu_budgets(model_cfg()), allow_offload=False)
+    largest = largest_layer_bytes(llama_config("llama3_70b"), torch.float16)
+    plan = max_memory("llama3_70b", needed, placement.gpu_budgets(model_cfg()), allow_offload=False, largest=largest)
     assert plan == {0: H200_FREE - 6 * GIB}  # no "cpu", no "disk": nowhere to offload
+
+
+def test_a_margin_under_accelerates_reserve_is_refused_in_one_line(gpus):
+    """accelerate keeps the largest layer's size free on the first GPU (LLaMA-3-70B: its 128k-row LM head,
+    1.96 GiB): a target with less to spare than that would end in transformers' offload_folder error."""
+    config = llama_config("llama3_70b")
+    needed, largest = weights_bytes(config, torch.float16), largest_layer_bytes(config, torch.float16)
+    assert largest == 128256 * 8192 * 2  # the LM head, the largest layer accelerate finds
+    gpus(1, free=needed + 6 * GIB + GIB)  # one GiB to spare after the reserve: under the LM head
+    with pytest.raises(PlacementError, match="largest layer") as exc:
+        max_memory("llama3_70b", needed, placement.gpu_budgets(model_cfg()), allow_offload=False, largest=largest)
+    assert "\n" not in str(exc.value)
 
 
 def test_70b_in_fp16_on_one_80gb_gpu_is_refused_in_one_line(gpus):

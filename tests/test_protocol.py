@@ -40,8 +40,8 @@ def resolved(*overrides) -> dict:
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_scales_by_device_type(name, device, gpu):
     cfg = resolved(f"experiment={name}", "model=vicuna7b", f"model.device={device}")
-    if gpu:  # the paper's protocol: all questions, the authors' limit for Vicuna
-        assert cfg["dataset"]["limit"] is None and cfg["max_new_tokens"] == 1024
+    if gpu:  # the paper's protocol: all questions, the authors' limit (eagenerate's default)
+        assert cfg["dataset"]["limit"] is None and cfg["max_new_tokens"] == 512
     else:
         assert 1 <= cfg["dataset"]["limit"] <= 10 and cfg["max_new_tokens"] == 64  # batch_scaling: 10
 
@@ -52,13 +52,14 @@ def test_device_type_names_a_bad_device():
         device_type("cuda:x")
 
 
-@pytest.mark.parametrize("model,limit", [("vicuna7b", 1024), ("vicuna13b", 1024), ("llama2chat7b", 512),
+@pytest.mark.parametrize("model,limit", [("vicuna7b", 512), ("vicuna13b", 512), ("llama2chat7b", 512),
                                          ("llama2chat13b", 512), ("llama2chat70b", 512), ("llama3_8b", 512),
                                          ("llama3_70b", 512), ("llama31_8b", 512), ("llama33_70b", 512)])
 def test_gpu_models_compose_with_the_authors_protocol(model, limit):
     cfg = resolved(f"model={model}", "dataset=nq")  # nq's own limit is 128: the model's protocol wins
     m = cfg["model"]
     assert cfg["max_new_tokens"] == m["max_new_tokens"] == limit
+    assert m["max_context"] == 2048 - 60 - 10  # eagenerate's max_length, less total_token and 10: prompt + output
     assert cfg["warmup_questions"] == 3 and m["stop_at_context"] is True
     if model.startswith("vicuna"):
         assert m["template"] == "vicuna" and m["system_prompt"] is None  # FastChat's vicuna_v1.1 system line
@@ -69,7 +70,7 @@ def test_gpu_models_compose_with_the_authors_protocol(model, limit):
     assert (m["device_map"] == "auto") == model.endswith("70b")
 
 
-@pytest.mark.parametrize("model,limit,template", [("vicuna7b", 1024, "vicuna"), ("llama31_8b", 512, "tokenizer")])
+@pytest.mark.parametrize("model,limit,template", [("vicuna7b", 512, "vicuna"), ("llama31_8b", 512, "tokenizer")])
 def test_run_py_composes_the_authors_protocol(model, limit, template):
     """`python run.py model=vicuna7b` itself (its @hydra.main and resolvers), not only compose()."""
     done = subprocess.run([sys.executable, "run.py", f"model={model}", "--cfg", "job", "--resolve"], cwd=ROOT,
@@ -117,7 +118,7 @@ def test_llama31_prompt_uses_the_tokenizer_template_with_its_date_block(tmp_path
 
 
 def test_stop_at_context_lets_a_long_prompt_decode_until_the_context_is_full():
-    long = list(range(1500))  # Vicuna: 2048 context - 1024 new tokens leaves room for 1024
+    long = list(range(1700))  # Vicuna: 2048 context - 512 new tokens leaves room for 1536
     cfg = cfg_of("model=vicuna7b")
     assert rows.fit_prompt(long, cfg, 2048) == long
     cfg.model.stop_at_context = False

@@ -5,8 +5,12 @@ Inside the mode a tensor's ``.device`` is its virtual device; factories given ``
 ``.to(cuda:N)`` / ``.cuda(N)``, make tensors there; ``.cpu()`` / ``.to("cpu")`` bring them to the host.
 Any other operation on tensors of two different devices raises torch's own device-mismatch
 ``RuntimeError`` (a 0-dim host tensor mixes with anything, as in torch), and its results live where its
-inputs do. Every read of a virtual-device tensor into Python (``.item()``, ``.tolist()``, ``int()``,
-``float()``, ``bool()``, ``.cpu()``, ``.numpy()``) is counted in ``syncs``: a host sync on a GPU.
+inputs do. Host syncs are counted both ways, as a GPU makes them: every read of a virtual-device tensor
+into Python (``.item()``, ``.tolist()``, ``int()``, ``float()``, ``bool()``, ``.cpu()``, ``.numpy()``) in
+``reads``, every blocking host-to-device copy (``.to(cuda:N)`` / ``.cuda()`` of a host tensor without
+``non_blocking=True``, ``torch.tensor(data, device=cuda:N)``: on CUDA a copy from pageable memory waits
+for the stream) in ``writes``; ``syncs`` is their sum. A parameter made inside the mode from a tagged
+tensor (``torch.nn.Linear(..., device=cuda:1)``) carries its data's device.
 
 What this does not model: asynchrony, memory, peer-to-peer speed, and operations outside torch's
 function API (a module that reaches device memory by other means). ``place(module, device)`` tags a
@@ -23,13 +27,37 @@ HOST = torch.device("cpu")
 READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__int__, torch.Tensor.__float__,
          torch.Tensor.__bool__, torch.Tensor.__index__}
 MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
+FROM_DATA = {torch.tensor, torch.as_tensor}  # factories that copy host data to their device
 
 
 class VirtualDevices(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.where = WeakTensorKeyDictionary()  # tensor -> its virtual device (absent: the host)
-        self.syncs = 0
+        self.reads = 0  # device-to-host reads
+        self.writes = 0  # blocking host-to-device copies
+
+    @property
+    def syncs(self) -> int:
+        """Host syncs both ways: reads and blocking host-to-device copies."""
+        return self.reads + self.writes
+
+    def __enter__(self):
+        self._parameter_new = torch.nn.Parameter.__new__
+        where, original = self.where, self._parameter_new
+
+        def tagged_parameter(cls, data=None, requires_grad=True):  # a Parameter is a new tensor: keep the tag
+            param = original(cls, data, requires_grad)
+            if data is not None and data in where:
+                where[param] = where[data]
+            return param
+
+        torch.nn.Parameter.__new__ = tagged_parameter
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.nn.Parameter.__new__ = self._parameter_new
+        return super().__exit__(*exc)
 
     # -- placing -----------------------------------------------------------------------------
     def place(self, obj, device):
@@ -52,7 +80,7 @@ class VirtualDevices(TorchFunctionMode):
         if getattr(func, "__self__", None) is torch.Tensor.device:  # the .device getter
             return self.device_of(args[0])
         if func in READS:
-            self.syncs += self.device_of(args[0]).type != "cpu"
+            self.reads += self.device_of(args[0]).type != "cpu"
             return func(*args, **kwargs)
         if func in MOVES:
             return self._move(func, args, kwargs)
@@ -60,6 +88,7 @@ class VirtualDevices(TorchFunctionMode):
         if wanted is not None and torch.device(wanted).type != "cpu":  # a factory on a virtual device
             kwargs["device"] = "cpu"
             self._check(args, kwargs)
+            self.writes += func in FROM_DATA
             return self._tag(func(*args, **kwargs), torch.device(wanted))
         device = self._check(args, kwargs)
         out = func(*args, **kwargs)
@@ -68,6 +97,7 @@ class VirtualDevices(TorchFunctionMode):
     def _move(self, func, args, kwargs):
         source = args[0]
         here = self.device_of(source)
+        non_blocking = bool(kwargs.get("non_blocking", False))
         if func is torch.Tensor.cpu:
             target = HOST
         elif func is torch.Tensor.cuda:
@@ -76,7 +106,8 @@ class VirtualDevices(TorchFunctionMode):
                 else index, args[:1], {}
         else:
             target, args, kwargs = self._to_target(here, args, kwargs)
-        self.syncs += here.type != "cpu" and target.type == "cpu"
+        self.reads += here.type != "cpu" and target.type == "cpu"
+        self.writes += here.type == "cpu" and target.type != "cpu" and not non_blocking
         out = torch.Tensor.to(*args, **kwargs)
         if out is source and target != here:  # another device: a copy (the source keeps its tag)
             out = source.clone()

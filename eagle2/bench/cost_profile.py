@@ -78,12 +78,13 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
     for q in range(1, max_q + 1):
         tree = DraftTree(torch.randint(vocab, (q,), generator=gen), torch.arange(-1, q - 1),
                          confidence=torch.ones(q))
-        tokens = tree.tokens[None].expand(rows, q).to(device)  # (B, q)
+        # the inputs are on the device before the clock starts: a copy from the host inside the timed section
+        # would sync the device, and a GPU clock would time the host
+        tokens, mask, positions = tree.verify_inputs(context, target.dtype, device)
+        tokens, positions = tokens.expand(rows, q), positions.expand(rows, -1)  # (B, q)
+        mask = None if mask is None else mask.expand(rows, -1, -1, -1)  # (B, 1, q, context + q)
 
-        def verify(tree=tree, tokens=tokens):
-            mask, positions = tree.attention_mask(context, target.dtype, device), tree.position_ids(context, device)
-            positions = positions.expand(rows, -1)
-            mask = None if mask is None else mask.expand(rows, -1, -1, -1)  # (B, 1, q, context + q)
+        def verify(tokens=tokens, mask=mask, positions=positions):
             hidden = forward_target(target, tokens, cache, attention_mask=mask, position_ids=positions)
             target.lm_head(hidden.reshape(-1, hidden.shape[-1]))
             crop(cache, context)

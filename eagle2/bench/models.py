@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from eagle2.bench.placement import PlacementError, check_offload, gpu_budgets, max_memory, weights_bytes
+from eagle2.bench.placement import (
+    PlacementError,
+    check_offload,
+    gpu_budgets,
+    largest_layer_bytes,
+    max_memory,
+    weights_bytes,
+)
 from eagle2.core.kernels import accelerate
 from eagle2.core.precision import concrete_dtype, resolve_dtype, warn_if_slow_bf16
 from eagle2.heads.checkpoint import ModelUnavailableError
@@ -127,9 +134,9 @@ def spread_budget(model_cfg, location: str, dtype: torch.dtype) -> dict:
     """The explicit per-GPU ``max_memory`` for a spread target (``eagle2.bench.placement``)."""
     from transformers import AutoConfig
 
-    needed = weights_bytes(load_pretrained(AutoConfig, location), dtype)
-    return max_memory(model_cfg.get("name", location), needed, gpu_budgets(model_cfg),
-                      bool(model_cfg.get("allow_offload", False)))
+    config = load_pretrained(AutoConfig, location)
+    return max_memory(model_cfg.get("name", location), weights_bytes(config, dtype), gpu_budgets(model_cfg),
+                      bool(model_cfg.get("allow_offload", False)), largest_layer_bytes(config, dtype))
 
 
 def load_tokenizer(model_cfg):

@@ -7,8 +7,9 @@ GiB) on one 141 GB GPU would run, slowly, without a word. Here instead:
 - every GPU gets an explicit budget (``max_memory``): ``model.max_memory`` when set (``{0: 70GiB, 1:
   70GiB}``), else its free memory less ``model.gpu_reserve_gib`` (default 6 GiB: KV cache, the draft
   head, activations);
-- a target whose weights exceed the GPUs' budgets together is refused before loading, in one line
-  (``PlacementError``), unless ``model.allow_offload=true``;
+- a target whose weights exceed the GPUs' budgets together, less its largest layer per GPU (the room
+  accelerate keeps on the first GPU, and what a GPU may leave unfilled), is refused before loading, in one
+  line (``PlacementError``), unless ``model.allow_offload=true``;
 - after loading, any module placed off the run's device type (``cpu`` or ``disk`` for a GPU run) is
   refused the same way unless ``model.allow_offload=true``;
 - every result row records the placement (``placement``: ``summary``), e.g. ``cuda:0 x43, cuda:1 x42``.
@@ -41,13 +42,29 @@ def to_bytes(size) -> int:
     return int(float(text))
 
 
-def weights_bytes(config, dtype: torch.dtype) -> int:
-    """Bytes of the target's parameters in ``dtype``, counted on the meta device (no memory, seconds)."""
+def _skeleton(config):
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in skeleton.parameters()) * torch.empty((), dtype=dtype).element_size()
+        return AutoModelForCausalLM.from_config(config)
+
+
+def weights_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of the target's parameters in ``dtype``, counted on the meta device (no memory, seconds)."""
+    return sum(p.numel() for p in _skeleton(config).parameters()) * torch.empty((), dtype=dtype).element_size()
+
+
+def largest_layer_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of the target's largest layer in ``dtype`` as accelerate counts it (a module with no children or
+    of a no-split class: the LM head, 1.96 GiB, at LLaMA-3-70B's 128k vocabulary): the room accelerate's
+    ``infer_auto_device_map`` keeps free on the first GPU, and the most a GPU can leave unfilled when the
+    next layer does not fit it."""
+    from accelerate.utils import compute_module_sizes, get_max_layer_size
+
+    model = _skeleton(config)
+    sizes = compute_module_sizes(model, dtype=dtype)
+    size, _ = get_max_layer_size(list(model.named_children()), sizes, list(model._no_split_modules or []))
+    return int(size)
 
 
 def gpu_budgets(model_cfg) -> dict[int, int]:
@@ -59,14 +76,19 @@ def gpu_budgets(model_cfg) -> dict[int, int]:
     return {i: max(0, int(torch.cuda.mem_get_info(i)[0] - reserve)) for i in range(torch.cuda.device_count())}
 
 
-def max_memory(name: str, needed: int, budgets: dict[int, int], allow_offload: bool) -> dict:
+def max_memory(name: str, needed: int, budgets: dict[int, int], allow_offload: bool, largest: int = 0) -> dict:
     """accelerate's ``max_memory`` for a target of ``needed`` bytes over GPUs with ``budgets``; raises
-    ``PlacementError`` (one line) when it does not fit and offloading is not allowed."""
+    ``PlacementError`` (one line) when it does not fit and offloading is not allowed. ``largest``: the
+    target's largest layer (``largest_layer_bytes``), which accelerate keeps free on the first GPU and
+    which each further GPU may leave unfilled: counted against the budgets, so a target refused by
+    accelerate (transformers' ``offload_folder`` error) is refused here first."""
     total = sum(budgets.values())
-    if needed > total and not allow_offload:
+    usable = total - largest * max(1, len(budgets))
+    if needed > usable and not allow_offload:
         per_gpu = ", ".join(f"cuda:{i} {b / GIB:.1f}" for i, b in sorted(budgets.items())) or "no GPU"
+        held = f", less {largest / GIB:.2f} GiB per GPU for its largest layer (accelerate's reserve)" if largest else ""
         raise PlacementError(f"{name}: {needed / GIB:.1f} GiB of weights do not fit the GPUs' {total / GIB:.1f} GiB "
-                             f"({per_gpu} GiB after the reserve); use more GPUs, model.max_memory, a smaller "
+                             f"({per_gpu} GiB after the reserve{held}); use more GPUs, model.max_memory, a smaller "
                              f"model.gpu_reserve_gib, or {OFFLOAD_HINT}")
     plan: dict = dict(budgets)
     if allow_offload:

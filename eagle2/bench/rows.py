@@ -14,6 +14,7 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle2.bench.gpu_facts import gpu_facts, peak_memory_mb
 from eagle2.bench.profile_checks import stamp
 from eagle2.bench.prompt_lengths import fits, overflow_message, room, too_long_policy
 from eagle2.core.cpu import cpu_kind
@@ -57,17 +58,6 @@ def authors_budget(method_cfg) -> dict:
             "top_k": int(method_cfg.top_k)}
 
 
-def _peak_memory_mb(device) -> float | None:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    except ImportError:
-        return None
-
-
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
              batch: dict | None = None, placement: str = "unrecorded", drafter=None) -> dict:
     records = [r.record() for r in out.rounds]
@@ -87,7 +77,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "tau": decoded / out.target_forwards if out.target_forwards else None,
         "accept_lengths": out.accept_lengths, "output_ids": out.output_ids,
         "output_text": tokenizer.decode(out.output_ids, skip_special_tokens=True),
-        "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
+        "rounds": rounds, "peak_memory_mb": peak_memory_mb(cfg.model.device), "gpu": gpu_facts(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "placement": placement,
         "timestamp": time.time(), "cost_profile": stamp(getattr(drafter, "profile", None)),

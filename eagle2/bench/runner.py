@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from eagle2.bench.gpu_facts import reset_peak_memory
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target, load_tokenizer
 from eagle2.bench.prompt_lengths import fitting_questions
@@ -104,8 +105,7 @@ def load_drafter_weights(cfg: DictConfig, target) -> dict:
 
 def _reset_peak_memory(device) -> None:
     """Start this config's peak-memory count (a sweep runs many configs in one process)."""
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)  # on every GPU: a spread target's peak is over all of them
 
 
 def record_cell_failure(cfg: DictConfig, exc: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""Round timing without host syncs: marks are CUDA events on the current stream on CUDA, perf_counter on CPU.
+"""Round timing without host syncs: marks are CUDA events on the timed device's current stream on CUDA (not
+the current device's: with ``model.device=cuda:1`` the work runs there), perf_counter on CPU.
 
 A ``Clock``'s marks are recorded as the work is queued and read as seconds once, after the last one
 (``resolve``: one wait, on the last event, per generation). ``Spans`` time repeated pieces of work (a
@@ -29,11 +30,17 @@ def uses_events(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def stream_of(device):
+    """The current CUDA stream of ``device`` (where its queued work runs)."""
+    return torch.cuda.current_stream(torch.device(device))
+
+
 class Clock:
     """Marks in time on one device, read as seconds since the first mark once the work is done."""
 
     def __init__(self, device):
         self.events = uses_events(device)
+        self.device = device
         self._marks: list = []
         self._seconds: list[float] | None = None
 
@@ -44,7 +51,7 @@ class Clock:
         """Record a mark after the work queued so far; its index. No wait on CUDA."""
         if self.events:
             event = Event(enable_timing=True)
-            event.record()  # on the current stream
+            event.record(stream_of(self.device))  # on the timed device's stream
             self._marks.append(event)
         else:
             self._marks.append(time.perf_counter())

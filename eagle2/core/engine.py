@@ -213,9 +213,8 @@ class SingleVerifier:
 
     def verify(self, trees: dict[int, DraftTree]):
         tree, device = trees[0], self.target.device
-        mask = tree.attention_mask(self.prefix, self.target.dtype, device)
-        hidden = forward_target(self.target, tree.tokens[None].to(device), self.cache, attention_mask=mask,
-                                position_ids=tree.position_ids(self.prefix, device))  # (1, N, H)
+        tokens, mask, positions = tree.verify_inputs(self.prefix, self.target.dtype, device)  # one copy
+        hidden = forward_target(self.target, tokens, self.cache, attention_mask=mask, position_ids=positions)
         logits = self.target.lm_head(hidden[0])  # (N, V)
         return {0: logits}, hidden if self.tap is None else self.tap.read(), {}
 

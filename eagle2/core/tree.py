@@ -100,6 +100,20 @@ class DraftTree:
         """Indices of the nodes that are verified but never accepted."""
         return [] if self.candidate is None else (~self.candidate).nonzero().flatten().tolist()
 
+    def verify_inputs(self, prefix_len: int, dtype: torch.dtype, device=None):
+        """(tokens (1, N), the additive mask of ``attention_mask`` or None, position ids (1, N)) on ``device``,
+        from ONE host-to-device copy (tokens, depths and the ancestor matrix packed together: on a GPU each
+        blocking copy from host memory is a sync); the mask is then built on the device."""
+        n = len(self)
+        positions = self.position_ids(prefix_len)[0]  # on the host: copied with the rest
+        packed = torch.cat([self.tokens[:, None], positions[:, None], self.ancestor_matrix().long()], dim=1)
+        packed = packed.to(device)  # (N, 2 + N)
+        tokens, positions = packed[:, 0][None], packed[:, 1][None]
+        if n == 1:
+            return tokens, None, positions
+        allowed = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=packed.device), packed[:, 2:] > 0], 1)
+        return tokens, additive_mask(allowed, dtype, packed.device), positions
+
     def paths(self) -> list[list[int]]:
         """Root-to-leaf node-index paths through candidate nodes."""
         out, excluded = [], set(self.non_candidates())

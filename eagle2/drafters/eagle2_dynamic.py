@@ -60,30 +60,33 @@ class Eagle2Drafter(HeadRunner):
         k = self.top_k
         top_tokens, top_conf = self.top(root_logp, k)
         # every drafted node's columns, one entry per layer; drafted index = position in the concatenation.
-        # Tokens and scores stay on the device; the structure (parents, ranks, depth) is Python lists.
+        # Tokens, scores, parents and the picks stay on the device (no host sync per depth: the shapes are
+        # known here, the values move once at the end); ranks and depths are Python lists.
+        device = top_tokens.device
         tokens, log_conf, log_value = [top_tokens], [top_conf], [top_conf]
-        parents, ranks, depth = [-1] * k, list(range(k)), [1] * k
+        parents, ranks, depth = [torch.full((k,), -1, device=device)], list(range(k)), [1] * k
         start = 0  # drafted index of the newest layer's first node
-        parent_fed = [-1] * k  # fed index (in the head cache) of each newest-layer node's parent
+        parent_fed = torch.full((k,), -1, device=device)  # fed index (head cache) of each newest-layer node's parent
         parent_feat = self.root_feature.expand(k, -1)
         for d in range(1, self.depth):
             width = log_value[-1].shape[0]
-            pick_t = torch.topk(log_value[-1], min(k, width)).indices.sort().values
-            pick = pick_t.tolist()  # this depth's one read: which nodes are expanded
-            first_fed, n = len(self.fed_parent), len(pick)
-            logp, feats = self.expand(tokens[-1][pick_t], [parent_fed[i] for i in pick], d, parent_feat[pick_t])
+            n = min(k, width)
+            pick = torch.topk(log_value[-1], n).indices.sort().values  # which nodes are expanded (on the device)
+            first_fed = self.fed
+            logp, feats = self.expand(tokens[-1][pick], parent_fed[pick], d, parent_feat[pick])
             child_tokens, child_conf = self.top(logp, k)  # (n, k), siblings best-first
-            parents += [start + i for i in pick for _ in range(k)]
+            parents.append((start + pick).repeat_interleave(k))
             start += width
             tokens.append(child_tokens.reshape(-1))
             ranks += list(range(k)) * n
             log_conf.append(child_conf.reshape(-1))
-            log_value.append((log_value[-1][pick_t, None] + child_conf).reshape(-1))
+            log_value.append((log_value[-1][pick, None] + child_conf).reshape(-1))
             depth += [d + 1] * (n * k)
-            parent_fed = [first_fed + row for row in range(n) for _ in range(k)]
+            parent_fed = (first_fed + torch.arange(n, device=device)).repeat_interleave(k)
             parent_feat = feats.repeat_interleave(k, dim=0)
-        tokens, log_conf, log_value = to_host(torch.cat(tokens), torch.cat(log_conf), torch.cat(log_value))
-        parents, ranks, depth = torch.tensor(parents), torch.tensor(ranks), torch.tensor(depth)
+        tokens, log_conf, log_value, parents = to_host(torch.cat(tokens), torch.cat(log_conf), torch.cat(log_value),
+                                                       torch.cat(parents))
+        ranks, depth = torch.tensor(ranks), torch.tensor(depth)
         by_depth = torch.argsort(depth, stable=True)
         order = by_depth[torch.argsort(-log_value[by_depth], stable=True)]  # by V, ties shallower first
         meta = {}

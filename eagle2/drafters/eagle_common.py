@@ -35,7 +35,8 @@ def drafting_lm_head(lm_head: torch.nn.Linear, dtype: torch.dtype | None = None,
     if (dtype is None or dtype == lm_head.weight.dtype) and vocab is None:
         return lm_head
     dtype = dtype or lm_head.weight.dtype
-    key = (dtype, None if vocab is None else tuple(vocab.tolist()))
+    # the device is part of the key: a copy made while the head sat elsewhere is never handed out again
+    key = (dtype, None if vocab is None else tuple(vocab.tolist()), str(lm_head.weight.device))
     copies = _LM_HEAD_COPIES.setdefault(lm_head, {})
     if key not in copies:
         rows = slice(None) if vocab is None else vocab.to(lm_head.weight.device)
@@ -97,7 +98,8 @@ class HeadRunner:
         self.spans = Spans(device)  # its own forwards, read after the generation
         self.cache, self.committed = None, 0  # the head's KV cache and the positions it holds (``start``)
         self.pending_tokens, self.pending_feats = [], []  # (token, feature) pairs not yet fed
-        self.fed_parent: list[int] = []  # per fed tree node: its fed-parent index, -1 for the root
+        self.fed = 0  # tree nodes fed to the head since the catch-up
+        self.fed_ancestors = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [i, j]: j is i or its ancestor
         self.root_feature = None  # the head's output at the root of the tree being drafted
 
     # -- committed context -------------------------------------------------------------------
@@ -128,7 +130,9 @@ class HeadRunner:
         mask = causal_mask(n, self.committed, self.dtype, self.device)
         out = self._head(tokens, feats, positions, mask)
         self.committed += n
-        self.pending_tokens, self.pending_feats, self.fed_parent = [], [], []
+        self.pending_tokens, self.pending_feats = [], []
+        self.fed = 0  # tree nodes fed to the head since the catch-up
+        self.fed_ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [i, j]: j is i or its ancestor
         self.root_feature = out[-1]
         return self.log_probs(out[-1:])[0]
 
@@ -146,28 +150,24 @@ class HeadRunner:
             logits = self.lm_head(features.to(self.lm_head_device, self.lm_head_dtype)).float()
         return torch.log_softmax(logits.to(self.device), dim=-1)
 
-    def expand(self, tokens: torch.Tensor | list[int], parent_fed: list[int], depth: int,
+    def expand(self, tokens: torch.Tensor | list[int], parent_fed: torch.Tensor | list[int], depth: int,
                parent_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed tree nodes of one depth: their ``tokens`` (n,) (a tensor on the device stays there),
-        ``parent_fed[i]`` the fed index of node i's parent (-1 for the root), ``parent_features`` (n, H)
-        the features predicted at the parents. The ancestor mask is built from Python lists and moved
-        once. Returns (log-probs of their children (n, V), their predicted features (n, H))."""
+        """Feed tree nodes of one depth: their ``tokens`` (n,), ``parent_fed[i]`` the fed index of node i's
+        parent (-1 for the root), ``parent_features`` (n, H) the features predicted at the parents. Tensors
+        on the device stay there: the ancestor mask is built on the device from the fed nodes' ancestor
+        matrix, so a depth costs no host sync (a list is copied once). Returns (log-probs of their children
+        (n, V), their predicted features (n, H))."""
         if not torch.is_tensor(tokens):
             tokens = torch.tensor(tokens, device=self.device)
-        n, first = tokens.shape[0], len(self.fed_parent)
-        self.fed_parent.extend(parent_fed)
-        total = len(self.fed_parent)
-        rows, cols = [], []  # (row, fed index) of every ancestor of every new node, itself included
-        for row, p in enumerate(parent_fed):
-            rows.append(row)
-            cols.append(first + row)
-            while p != -1:
-                rows.append(row)
-                cols.append(p)
-                p = self.fed_parent[p]
-        anc = torch.zeros(n, total, dtype=torch.bool)
-        anc[rows, cols] = True  # one indexed write, not one per ancestor
-        allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool), anc], dim=1)
+        if not torch.is_tensor(parent_fed):
+            parent_fed = torch.tensor(parent_fed, dtype=torch.long, device=self.device)
+        n, first = tokens.shape[0], self.fed
+        inherited = (self.fed_ancestors[parent_fed.clamp(min=0)] & (parent_fed >= 0)[:, None] if first else
+                     torch.zeros(n, 0, dtype=torch.bool, device=self.device))  # (n, first): the parent's row
+        new = torch.cat([inherited, torch.eye(n, dtype=torch.bool, device=self.device)], dim=1)  # (n, first + n)
+        widened = torch.cat([self.fed_ancestors, torch.zeros(first, n, dtype=torch.bool, device=self.device)], dim=1)
+        self.fed_ancestors, self.fed = torch.cat([widened, new]), first + n
+        allowed = torch.cat([torch.ones(n, self.committed, dtype=torch.bool, device=self.device), new], dim=1)
         positions = torch.full((n,), self.committed + depth - 1, device=self.device)
         out = self._head(tokens.to(self.device), parent_features, positions,
                          additive_mask(allowed, self.dtype, self.device))

@@ -49,7 +49,7 @@ class EagleStaticDrafter(HeadRunner):
             if not with_children:
                 break
             pick = torch.tensor(with_children, device=logp.device)
-            first_fed = len(self.fed_parent)
+            first_fed = self.fed
             parents_fed = [fed_index[self.parent_list[nodes[j]]] for j in with_children]
             logp, feats = self.expand(tokens[-1][pick], parents_fed, d, feats[rows[pick]])
             fed_index.update({nodes[j]: first_fed + row for row, j in enumerate(with_children)})

@@ -22,7 +22,9 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     # new_tokens / (prefill + decode time): the authors' rate (tokens_per_s: decode only)
     "e2e_tokens_per_s": OPTIONAL_NUMBER,
     "rounds": (dict,),  # per-round facts, column-wise: eagle2.core.engine.RoundStats fields + drafter facts
-    "peak_memory_mb": OPTIONAL_NUMBER,  # this config's peak: GPU memory allocated (CUDA), else the process's max RSS
+    # this config's peak: GPU memory allocated, summed over every GPU (CUDA), else the process's max RSS
+    "peak_memory_mb": OPTIONAL_NUMBER,
+    "gpu": (dict, type(None)),  # {names, driver, cuda, torch} of a CUDA run (eagle2.bench.gpu_facts); None on a CPU
     "method_config": (dict,),
     "authors_budget": (dict,),  # the tree budget as the EAGLE authors count it ({total_token, depth, top_k} or {})
     "weights": (dict,),  # drafter weights by model-config key -> content hash of the local files (None: hub id)

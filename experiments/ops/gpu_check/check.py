@@ -149,7 +149,8 @@ def result_text(row: dict) -> str:
     if stage == "verify_cost":
         clock = "gpu" if "ratio_gpu" in row else "wall"
         ratio = row[f"ratio_{clock}"]
-        shown = " ".join(f"{q}:{ratio[q - 1]:.2f}" for q in SHOWN_Q if q <= len(ratio))
+        by_q = dict(zip(row.get("q") or range(1, len(ratio) + 1), ratio))  # the q timed (a sample of 1..max)
+        shown = " ".join(f"{q}:{by_q[q]:.2f}" for q in SHOWN_Q if q in by_q)
         return f"T(1) {row[f'T1_{clock}_ms']:.2f} ms ({clock}); T(q)/T(1) {shown}"
     if stage == "draft_cost":
         return "ms by depth " + " ".join(f"{t:.2f}" for t in row["draft_ms"])

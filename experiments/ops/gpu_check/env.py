@@ -25,6 +25,7 @@ fake a GPU machine (tests/test_gpu_env.py, with a fake ``nvidia-smi`` on the PAT
 
     python3 -m experiments.ops.gpu_check.env [--bundle .gpu_bundle] [--site .gpu_site] [--python P]
         [--prepare-only] -- ARGS
+    python3 -m experiments.ops.gpu_check.env --for-runs    # make gpu-env: only the bundle, for run.py afterwards
 """
 
 from __future__ import annotations
@@ -158,6 +159,26 @@ def prepare(bundle: Path, site: Path, python: str = sys.executable) -> dict:
     return env
 
 
+RUN_IMPORTS = ("omegaconf", "hydra", "antlr4")  # the bundled packages run.py imports
+
+
+def prepare_for_runs(bundle: Path, site: Path, python: str = sys.executable) -> int:
+    """``make gpu-env``: the bundle installed into ``site`` (GPU or not), then omegaconf, hydra and antlr4
+    must import from there; run.py, ``python -m analysis.report`` and ``python -m eagle2.identity`` put
+    ``.gpu_site`` on their path themselves (``eagle2/__init__.py``). 0, or 3 naming what is still missing."""
+    installed = install_bundle(bundle, site, python)
+    if installed:
+        print(f"[gpu-env] installed offline into {site}: {', '.join(installed)}", flush=True)
+    missing = missing_modules(with_site(site), python, RUN_IMPORTS)
+    if missing:
+        print(f"[gpu-env] {', '.join(FOR_RUNS[m] for m in missing)} missing from this Python and from {site}: "
+              f"run `make gpu-bundle` where pip works and copy {bundle}/ here", file=sys.stderr)
+        return MISSING
+    print(f"[gpu-env] run.py, python -m analysis.report and python -m eagle2.identity import "
+          f"{', '.join(FOR_RUNS[m] for m in RUN_IMPORTS)} from this Python or {site}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -167,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site", type=Path, default=ROOT / ".gpu_site", help="where they are installed")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs the check (default: this one)")
     ap.add_argument("--prepare-only", action="store_true", help="stop before running the check")
+    ap.add_argument("--for-runs", action="store_true",
+                    help="only install the bundle into --site for run.py and the reports (make gpu-env), GPU or not")
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     args.python = shutil.which(args.python) or args.python
+    if args.for_runs:
+        try:
+            return prepare_for_runs(args.bundle, args.site, args.python)
+        except SystemExit as exc:
+            return int(exc.code) if isinstance(exc.code, int) else MISSING
     try:
         env = prepare(args.bundle, args.site, args.python)
     except SystemExit as exc:

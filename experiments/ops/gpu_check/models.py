@@ -75,8 +75,14 @@ def output_scale(width: int, sublayers: int, residual: float) -> float:
 
 
 def half_copy(model, dtype: torch.dtype):
-    """A copy of ``model`` in ``dtype`` (the run's target; ``model`` stays the float32 reference)."""
-    twin = copy.deepcopy(model).to(dtype)
+    """A copy of ``model`` in ``dtype`` (the run's target; ``model`` stays the float32 reference), cast as a
+    checkpoint loads: the rotary ``inv_freq`` tables stay float32 (``cast_like_target``; in fp16 the angles
+    stray ~0.1 rad by position ~190, which would inflate the measured tolerance)."""
+    from types import SimpleNamespace
+
+    from eagle2.heads.checkpoint import cast_like_target
+
+    twin = cast_like_target(copy.deepcopy(model), SimpleNamespace(device=model.device, dtype=dtype))
     for attr in ("successor", "planted"):
         setattr(twin, attr, getattr(model, attr, None))
     return twin
