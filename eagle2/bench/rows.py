@@ -14,6 +14,7 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle2.bench import compile_choice
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import ContextOverflowError
 from eagle2.core.precision import dtype_name
@@ -67,7 +68,7 @@ def _peak_memory_mb(device) -> float | None:
 
 
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
-             batch: dict | None = None, placement: str = "unrecorded") -> dict:
+             batch: dict | None = None, placement: str = "unrecorded", compile_s: float | None = None) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -88,7 +89,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "rounds": rounds, "peak_memory_mb": _peak_memory_mb(cfg.model.device),
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "placement": placement,
-        "timestamp": time.time(),
+        "compile": compile_choice.resolve(cfg), "compile_s": compile_s, "timestamp": time.time(),
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
     })

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from eagle2.bench import compile_choice
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target
 from eagle2.bench.placement import summary as placement_summary
@@ -159,6 +160,8 @@ def resolved(cfg: DictConfig) -> DictConfig:
     caller's config is left as it was."""
     cfg = copy.deepcopy(cfg)
     cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)
+    if cfg.get("engine") is not None:  # engine.compile=auto made this machine's choice (hashed when it compiles)
+        cfg.engine.compile = compile_choice.resolve(cfg)
     return cfg
 
 
@@ -191,6 +194,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
 
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)
+    compile_s = compile_choice.prepare(cfg, target)  # the compiled path, compiled here: untimed
     weights = load_drafter_weights(cfg, target)
     kernels = kernels_in_use(target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
@@ -232,7 +236,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
                     store.append(failed_row(cfg, chash, q["question_id"], turn, exc))
                     break  # later turns need this answer
                 row = make_row(cfg, chash, q, turn, prompt, out, tokenizer, fingerprints, kernels,
-                               placement=placement_summary(target))
+                               placement=placement_summary(target), compile_s=compile_s)
                 store.append(row, out.nodes)
                 logger.log_row(row)
                 answers.append(row["output_text"])
