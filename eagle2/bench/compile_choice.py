@@ -16,7 +16,9 @@ from eagle2.core.cpu import cpu_kind
 
 CHOICES = ("auto", "true", "false")
 RESOLVED = ("auto:true", "auto:false")  # what ``resolve`` makes of auto on this machine
-# Machine kinds where the compiled forward measured faster than the eager one (docs/results/floor/).
+# Machine kinds where the compiled forward measured faster than the eager one at T(1), the baseline every
+# method pays (docs/results/floor/<kind>.md, make bench-floor). None yet: on the bf16-native page compiled
+# T(1) was slower than eager (eager runs packed oneDNN linears there), though faster for trees of 8-32 tokens.
 AUTO_COMPILE: tuple[str, ...] = ()
 
 
