@@ -71,11 +71,15 @@ def test_compiled_equals_eager_on_tiny(compiled_tiny, name):
         assert decode(compiled, method, prompt, 24, head=head, draft=draft).output_ids == eager, (name, prompt)
 
 
-@pytest.mark.parametrize("name", ["plain", "sps", "eagle"])
-def test_compiled_round_is_exactly_lossless(models, name):
+@pytest.fixture(scope="module")
+def compiled_exact(models):
     target, draft, head = models
-    check = ExactCheck((with_path(target, compile=True), draft, head))
-    diff, _ = check(cert.METHODS[name], cert.PARAMS[0])
+    return ExactCheck((with_path(target, compile=True), draft, head))
+
+
+@pytest.mark.parametrize("name", ["plain", "sps", "eagle"])
+def test_compiled_round_is_exactly_lossless(compiled_exact, name):
+    diff, _ = compiled_exact(cert.METHODS[name], cert.PARAMS[0])
     assert diff < PASS_DIFF
 
 
