@@ -83,6 +83,18 @@ def test_compiled_round_is_exactly_lossless(compiled_exact, name):
     assert diff < PASS_DIFF
 
 
+def test_compiled_runs_hash_apart():
+    from eagle2.results.store import config_hash
+    from tests.test_results_store import config
+
+    cfg = config()
+    hashes = {}
+    for value in ("false", "auto:false", "true", "auto:true"):
+        cfg.engine.compile = value
+        hashes[value] = config_hash(cfg)
+    assert hashes["false"] == hashes["auto:false"] != hashes["true"] == hashes["auto:true"]
+
+
 def test_compile_choice():
     cfg = OmegaConf.create({"engine": {"compile": "auto"}, "model": {"device": "cpu"}, "batch_size": 4})
     assert compile_choice.resolve(cfg) == "auto:false"  # batched decoding stays eager

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
 # the experiments) must change the hash, or tests below fail
 NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale",
-                   "batch_refill"}  # batch_refill: hashed only with batch_size > 1 (tests/test_batch.py)
+                   "batch_refill",  # batch_refill: hashed only with batch_size > 1 (tests/test_batch.py)
+                   "engine"}  # engine.compile: hashed only when the run compiles (tests/test_compiled.py)
 
 
 def open_store(root: Path, chash: str = "abc") -> ResultStore:
