@@ -112,10 +112,11 @@ def test_compiled_smollm2_equals_eager_plain(smollm2, name):
     from eagle2.bench.runner import WEIGHT_LOADERS, resolve_artifact
     from eagle2.prompts.chat import encode_conversation
     from eagle2.results.method_spec import method_spec
+    from tests.test_results_store import config
 
     target, tokenizer = smollm2
-    method = OmegaConf.load(f"conf/method/{name}.yaml")
-    model_cfg = OmegaConf.load("conf/model/smollm2.yaml")
+    cfg = config(f"method={name}")  # the real composition: method settings interpolate the model's
+    method, model_cfg = cfg.method, cfg.model
     weights = {key: WEIGHT_LOADERS[key](resolve_artifact(model_cfg[key]), target)
                for key in method_spec(method).weights}
     compiled = with_path(target, compile=True)
