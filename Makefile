@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle gpu-env clean
+.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-floor bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle gpu-env clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ profiles-clear: install  ## delete the cached cost profiles (the next total_toke
 
 bench-engine: install  ## the round on SmolLM2: T(q)/T(1) q=1..33 (bf16 stock/packed, fp32), plain vs generate(), round splits before/after (~8 min)
 	$(PY) -m experiments.bench.bench_engine
+
+bench-floor: install  ## the memory floor, T(1) eager and compiled, generate(), T(q)/T(1) q=1..64 both ways; writes docs/results/floor/<cpu-kind>.md (~10 min)
+	$(PY) -m experiments.bench.bench_floor
 
 bench-plain: install  ## plain decoding vs transformers generate() on SmolLM2 (tokens/s ratio; bf16, DTYPE=float32)
 	$(PY) -m experiments.bench.bench_plain_vs_generate --dtype $(DTYPE)

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
 # the experiments) must change the hash, or tests below fail
 NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale",
-                   "batch_refill", "too_long_prompts"}  # batch_refill: hashed only with batch_size > 1
-# (tests/test_batch.py); too_long_prompts: hashed only as truncate_left (as truncate_long_prompts=true)
+                   "batch_refill", "too_long_prompts",  # batch_refill: hashed only with batch_size > 1
+                   "engine"}  # (tests/test_batch.py); too_long_prompts: hashed only as truncate_left (as
+# truncate_long_prompts=true); engine.compile: hashed only when the run compiles (tests/test_compiled.py)
 
 
 def open_store(root: Path, chash: str = "abc") -> ResultStore:

@@ -14,6 +14,7 @@ import zlib
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle2.bench import compile_choice
 from eagle2.bench.gpu_facts import gpu_facts, peak_memory_mb
 from eagle2.bench.profile_checks import stamp
 from eagle2.bench.prompt_lengths import fits, overflow_message, room, too_long_policy
@@ -59,7 +60,8 @@ def authors_budget(method_cfg) -> dict:
 
 
 def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: dict, kernels: str,
-             batch: dict | None = None, placement: str = "unrecorded", drafter=None) -> dict:
+             batch: dict | None = None, placement: str = "unrecorded", drafter=None,
+             compile_s: float | None = None) -> dict:
     records = [r.record() for r in out.rounds]
     rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
     decoded = sum(out.accept_lengths)
@@ -81,6 +83,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "method_config": OmegaConf.to_container(cfg.method, resolve=True), "authors_budget": authors_budget(cfg.method),
         "weights": fingerprints, "cpu_kind": cpu_kind(), "kernels": kernels, "placement": placement,
         "timestamp": time.time(), "cost_profile": stamp(getattr(drafter, "profile", None)),
+        "compile": compile_choice.resolve(cfg), "compile_s": compile_s,
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
     })

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from eagle2.bench import compile_choice
 from eagle2.bench.gpu_facts import reset_peak_memory
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target, load_tokenizer
@@ -142,6 +143,8 @@ def resolved(cfg: DictConfig) -> DictConfig:
     caller's config is left as it was."""
     cfg = copy.deepcopy(cfg)
     cfg.model.dtype = concrete_dtype(cfg.model.dtype, cfg.model.device)
+    if cfg.get("engine") is not None:  # engine.compile=auto made this machine's choice (hashed when it compiles)
+        cfg.engine.compile = compile_choice.resolve(cfg)
     return cfg
 
 
@@ -175,6 +178,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
 
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)
+    compile_s = compile_choice.prepare(cfg, target)  # the compiled path, compiled here: untimed
     weights = load_drafter_weights(cfg, target)
     kernels = kernels_in_use(target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
@@ -192,7 +196,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     run_state.clear()  # recorded turns never draft from the warm-up's own outputs
     decode_turns(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
                  weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
-                 kernels=kernels, logger=logger, run_state=run_state)
+                 kernels=kernels, logger=logger, run_state=run_state, compile_s=compile_s)
 
 
 def warm_up(cfg, questions: list[dict], tokenizer, decode, context: int) -> None:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def decode_turns(cfg, *, chash: str, store, questions: list[dict], target, tokenizer, weights: dict, params,
                  eos: set[int], context: int, fingerprints: dict, kernels: str, logger,
-                 run_state: dict | None = None) -> None:
+                 run_state: dict | None = None, compile_s: float | None = None) -> None:
     """Decode every unfinished turn of ``questions``, storing each row as it finishes (the runner's loaded
     target, drafter weights, sampling and drafters' run state, by name)."""
     batch_size, queue = int(cfg.get("batch_size") or 1), deque()
@@ -71,7 +71,8 @@ def decode_turns(cfg, *, chash: str, store, questions: list[dict], target, token
             "batch_admitted_at": res.admitted_at, "batch_retired_at": res.retired_at,
             "batch_run_start": res.run_started}
         row = make_row(cfg, chash, q, turn, res.request.prompt_ids, res.output, tokenizer, fingerprints, kernels,
-                       batch, placement=placement_summary(target), drafter=res.request.drafter)
+                       batch, placement=placement_summary(target), drafter=res.request.drafter,
+                       compile_s=compile_s)
         store.append(row, res.output.nodes)
         logger.log_row(row)
         enqueue(q, turn + 1, [*answers, row["output_text"]], first=batch_size == 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from eagle2.bench.compile_choice import CHOICES, RESOLVED
 from eagle2.bench.known_keys import unknown_key_message
 from eagle2.bench.prompt_lengths import POLICIES, PromptTooLongError
 from eagle2.core.kernels import KERNELS
@@ -112,6 +113,9 @@ def validate_run_config(cfg: DictConfig) -> None:
     kernels = cfg.model.get("kernels", "auto")
     if kernels not in KERNELS:
         raise _bad("model.kernels", kernels, " or ".join(KERNELS))
+    compiled = (cfg.get("engine") or {}).get("compile", "auto")
+    if {True: "true", False: "false"}.get(compiled, compiled) not in CHOICES + RESOLVED:
+        raise _bad("engine.compile", compiled, " or ".join(CHOICES))
 
     ds = cfg.dataset
     _int("dataset.limit", ds.get("limit"), 0, nullable=True, null_means="all questions")

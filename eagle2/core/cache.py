@@ -21,6 +21,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from eagle2.core.compiled import StaticKV
+
 CHUNK = 256  # positions: a buffer grows to the next multiple of this, at least doubling
 
 
@@ -115,7 +117,11 @@ def cache_kwargs(module, cache) -> dict:
 
 def new_cache(model, in_place: bool = True) -> DynamicCache:
     """A transformers ``DynamicCache`` for ``model`` whose full-attention layers write in place
-    (``in_place=False``: the stock layers, which concatenate on every forward; for comparisons)."""
+    (``in_place=False``: the stock layers, which concatenate on every forward; for comparisons). A model
+    with the compiled path (``eagle2.core.compiled.attach``) gets its static cache instead."""
+    static = getattr(model, "static_decoder", None)
+    if static is not None and in_place:
+        return static.new_cache()
     cache = DynamicCache(config=model.config)
     if in_place:
         cache.layers = [InPlaceLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
@@ -128,6 +134,8 @@ def cache_length(cache) -> int:
 
 def crop(cache, length: int) -> None:
     """Drop every position from ``length`` on (done per layer: ``Cache.crop``'s meaning changed in 5.x)."""
+    if isinstance(cache, StaticKV):
+        return cache.crop(length)
     for layer in cache.layers:
         if isinstance(layer, InPlaceLayer):
             layer.crop(length)
@@ -141,6 +149,8 @@ def forward_target(model, input_ids, cache, *, attention_mask=None, position_ids
 
     On any exception the cache is cropped back to its length before the call.
     """
+    if isinstance(cache, StaticKV):  # the compiled path
+        return cache.forward(input_ids, attention_mask, position_ids)
     base = model.base_model
     before = cache_length(cache)
     try:
@@ -156,6 +166,8 @@ def keep_tree_path(cache, prefix_len: int, nodes: list[int]) -> None:
     """After a verify forward over a tree at positions prefix_len.., keep the prefix and ``nodes``
     (tree node indices in ascending order, the root first) and drop the other tree entries: the kept
     entries are copied into place behind the prefix, in every layer, and the length moves."""
+    if isinstance(cache, StaticKV):
+        return cache.keep(prefix_len, nodes)
     end = prefix_len + len(nodes)
     if nodes == list(range(len(nodes))):  # a prefix of the flattened tree: just crop
         crop(cache, end)

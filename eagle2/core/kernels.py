@@ -88,7 +88,8 @@ def kernels_in_use(model: nn.Module) -> str:
     """``packed`` or ``stock`` linears, ``+compile`` when the forward is compiled: recorded in rows."""
     kind = "packed" if any(isinstance(m, PackedLinear) for m in model.modules()) else "stock"
     base = getattr(model, "base_model", model)
-    return kind + ("+compile" if getattr(base.forward, "_torchdynamo_orig_callable", None) else "")
+    compiled = getattr(base.forward, "_torchdynamo_orig_callable", None) or getattr(model, "static_decoder", None)
+    return kind + ("+compile" if compiled else "")  # static_decoder: eagle2.core.compiled
 
 
 def accelerate(model: nn.Module, kernels: str = "auto", compile: bool = False) -> nn.Module:

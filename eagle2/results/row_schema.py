@@ -32,6 +32,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     # where the target's weights are: its device, or modules per GPU when spread (eagle2.bench.placement.summary)
     "placement": (str,),
     "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +compile (core.kernels)
+    "compile": (str,),  # engine.compile: true, false, or auto:true / auto:false (what auto chose; bench.compile_choice)
+    "compile_s": OPTIONAL_NUMBER,  # seconds compiling the target's forward before any timed section (None: eager)
     "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
     "batch_id": (int, type(None)),  # the same for rows decoded together (None at batch 1)
     "batch_slot": (int, type(None)),  # the row of the batch this turn was decoded in

@@ -1,0 +1,59 @@
+"""``engine.compile``: whether a run decodes through the compiled path (``eagle2.core.compiled``).
+
+``true`` compiles the target's forward (a target the path does not cover is refused in one line), ``false``
+keeps the eager forward, ``auto`` compiles where this machine kind measured it faster: ``AUTO_COMPILE``
+lists those kinds (``make bench-floor`` measures T(1) eager and compiled side by side and writes the
+figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never compiles for batched decoding (the
+compiled path is batch 1) or on a device other than a CPU (the CUDA-graph path is not built yet).
+
+Rows record the choice (``compile``: ``true``, ``false``, ``auto:true`` or ``auto:false``) and the compile
+seconds spent before any timed section (``compile_s``; None when nothing was compiled).
+"""
+
+from __future__ import annotations
+
+from eagle2.core.cpu import cpu_kind
+
+CHOICES = ("auto", "true", "false")
+RESOLVED = ("auto:true", "auto:false")  # what ``resolve`` makes of auto on this machine
+# Machine kinds where the compiled forward measured faster than the eager one at T(1), the baseline every
+# method pays (docs/results/floor/<kind>.md, make bench-floor). None yet: on the bf16-native page compiled
+# T(1) was slower than eager (eager runs packed oneDNN linears there), though faster for trees of 8-32 tokens.
+AUTO_COMPILE: tuple[str, ...] = ()
+
+
+def choice(cfg) -> str:
+    """``engine.compile`` as one of ``CHOICES`` or ``RESOLVED`` (a YAML bool read as its name)."""
+    value = (cfg.get("engine") or {}).get("compile", "auto")
+    value = {True: "true", False: "false"}.get(value, value)
+    if value not in CHOICES + RESOLVED:
+        raise ValueError(f"engine.compile={value!r}: choose auto, true or false")
+    return value
+
+
+def decide(cfg) -> bool:
+    """Whether this run compiles: ``true``, or ``auto`` on a batch-1 CPU run of a kind in ``AUTO_COMPILE``."""
+    picked = choice(cfg)
+    if picked != "auto":
+        return picked.endswith("true")
+    batch_one = int(cfg.get("batch_size") or 1) == 1
+    on_cpu = str(cfg.model.get("device", "cpu")).startswith("cpu")
+    return batch_one and on_cpu and cpu_kind() in AUTO_COMPILE
+
+
+def resolve(cfg) -> str:
+    """What the run uses and rows store in ``compile``: the setting, and for ``auto`` what it chose."""
+    picked = choice(cfg)
+    return f"auto:{str(decide(cfg)).lower()}" if picked == "auto" else picked
+
+
+def prepare(cfg, target) -> float | None:
+    """Give ``target`` the compiled path when this run compiles, compile it now (untimed) and return the
+    seconds it took; None when the run stays eager."""
+    if not decide(cfg):
+        return None
+    from eagle2.core.compiled import attach
+
+    if int(cfg.get("batch_size") or 1) != 1:
+        raise ValueError("engine.compile=true decodes one sequence at a time: use batch_size=1 or engine.compile=false")
+    return attach(target).warm_up()
