@@ -26,12 +26,13 @@ section and returns its seconds (rows: ``compile_s``).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from eagle2.core.clock import device_clock
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # padded query lengths of a tree verification
 SPAN = 256  # the attended span of the cache is the live length rounded up to a multiple of this
@@ -231,14 +232,14 @@ class StaticDecoder:
     def warm_up(self, context: int = 64) -> float:
         """Compile the graphs a decoding uses (Q = 1 and the tree buckets) outside any timed section;
         returns the seconds it took (a cached compile: seconds)."""
-        start = time.perf_counter()
+        start = device_clock(self.device)
         cache = self.new_cache()
         vocab = self.model.config.vocab_size
         cache.forward(torch.randint(vocab, (1, context), device=self.device))
         for q in (1, 4):
             cache.forward(torch.randint(vocab, (1, q), device=self.device))
             cache.crop(context)
-        self.compile_s = time.perf_counter() - start
+        self.compile_s = device_clock(self.device) - start
         return self.compile_s
 
 

@@ -17,13 +17,13 @@ import datetime as dt
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from analysis.results_page import cpu_description, git_commit
 from eagle2.core.cache import crop, forward_target, new_cache
+from eagle2.core.clock import device_clock
 from eagle2.core.compiled import attach
 from eagle2.core.cpu import auto_dtype, cpu_kind
 from eagle2.core.engine import generate
@@ -46,9 +46,9 @@ def median_s(fn, reps: int) -> float:
     fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = device_clock("cpu")
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(device_clock("cpu") - t0)
     return statistics.median(times)
 
 
@@ -65,12 +65,12 @@ def floor_s(model, reps: int) -> tuple[float, float]:
 
 def ms_per_token(decode, prompt, n: int) -> float:
     """Decode-only ms per token: (time for n tokens - time for 1) / (n - 1), prefill cancelled."""
-    t0 = time.perf_counter()
+    t0 = device_clock("cpu")
     decode(prompt, 1)
-    one = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    one = device_clock("cpu") - t0
+    t0 = device_clock("cpu")
     decode(prompt, n)
-    return (time.perf_counter() - t0 - one) / (n - 1) * 1000
+    return (device_clock("cpu") - t0 - one) / (n - 1) * 1000
 
 
 def main() -> None:
