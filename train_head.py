@@ -5,6 +5,7 @@
     python train_head.py stage=head               # one stage: corpus | head | draft | eval | all
     python train_head.py stage=conversations      # two-turn self-instruct token shards (artifacts/corpus/, tracked)
     python train_head.py stage=features           # ... -> feature shards under artifacts/work/ (one forward each)
+    python train_head.py train=sharegpt_joint stage=joint   # EAGLE + EAGLE-3 heads on one target forward per batch
     torchrun --standalone --nproc_per_node=8 train_head.py train=vicuna7b stage=head   # data-parallel training
 
 Every stage resumes: the corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go
