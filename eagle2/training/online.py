@@ -7,9 +7,9 @@ the tapped layers (``layer_features``). Worth it when the features would not fit
 is seen only a few times (each pass then costs one target forward per token either way). The forward runs
 in ``dtype`` under autocast (bf16 on CPUs that multiply it natively), as the target runs when decoding there;
 with ``body_dtype`` it runs on a copy of the target's body whose weights are stored in that dtype (bf16 where
-native: no per-op weight casts, half the bytes streamed; rotary tables and other buffers stay fp32, as a
-bf16 checkpoint loads). Knows nothing of heads or losses: several heads trained on the same batch share one
-forward (``joint.py``) by asking for the union of their taps.
+native: no per-op weight casts; rotary tables and other buffers stay fp32, as a bf16 checkpoint loads; measured
+1.04x on an AVX512-BF16 EPYC core, where a 4,096-token forward is compute-bound either way). Knows nothing of
+heads or losses: several heads trained on the same batch share one forward (``joint.py``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ class OnlineFeatures:
             if self.dtype is not None:
                 stack.enter_context(torch.autocast(tokens.device.type, dtype=self.dtype))
             # no KV cache: nothing decodes after this forward (measured ~1.4x faster than with one)
-            hidden = self.body(input_ids=tokens, attention_mask=valid.long(),
-                                            use_cache=False).last_hidden_state
+            hidden = self.body(input_ids=tokens, attention_mask=valid.long(), use_cache=False).last_hidden_state
             batch["features"] = hidden.float()
             if tap is not None:
                 batch["layer_features"] = tap.read().float()
