@@ -108,20 +108,20 @@ def test_compile_choice():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "sps", "eagle", "eagle2", "eagle3", "medusa", "pld"])
 def test_compiled_smollm2_equals_eager_plain(smollm2, name):
-    from eagle2.results.method_spec import method_spec
-
     from eagle2.bench.methods import build_drafter
-    from eagle2.bench.runner import WEIGHT_LOADERS, resolve_artifact
+    from eagle2.bench.runner import resolve_artifact
+    from eagle2.heads.kinds import weight_kinds
     from eagle2.prompts.chat import encode_conversation
+    from eagle2.registry import method_spec
     from tests.test_results_store import config
 
     target, tokenizer = smollm2
     cfg = config(f"method={name}")  # the real composition: method settings interpolate the model's
     method, model_cfg = cfg.method, cfg.model
-    weights = {key: WEIGHT_LOADERS[key](resolve_artifact(model_cfg[key]), target)
+    weights = {key: weight_kinds()[key].load(resolve_artifact(model_cfg[key]), target)
                for key in method_spec(method).weights}
     compiled = with_path(target, compile=True)
-    weights_c = {key: WEIGHT_LOADERS[key](resolve_artifact(model_cfg[key]), compiled)
+    weights_c = {key: weight_kinds()[key].load(resolve_artifact(model_cfg[key]), compiled)
                  for key in method_spec(method).weights}
     for question in ("What is the capital of France?", "Write a haiku about autumn leaves."):
         prompt = encode_conversation(tokenizer, "tokenizer", [question], [], None)
