@@ -9,6 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
+import eagle2.bench  # noqa: F401  (registers the config resolvers the composed configs use)
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
