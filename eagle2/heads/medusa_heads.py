@@ -66,18 +66,21 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-class MedusaHeads(nn.ModuleList):
-    """K Medusa heads; a ModuleList so that the state-dict keys are the published ones (``0.0.linear.weight``).
+class HeadStack(nn.ModuleList):
+    """K heads, each an ``nn.Sequential`` of ``num_layers`` blocks and optionally its own LM head (its
+    last entry); without one, every head ends in the target's LM head (``attach_lm_head``, kept out of
+    the state dict). What Medusa and Hydra heads share: the LM head per head, the draft vocabulary, and
+    the per-head entry points that training, evaluation and drafting call (``head_features``,
+    ``path_logits``); ``path`` (..., k+1) holds the tokens after the anchor (the root first), which only
+    heads that ``reads_path`` look at."""
 
-    ``vocab_size`` set: each head ends in its own LM head. None: the heads output features for the
-    target's LM head (``attach_lm_head``), kept out of the state dict."""
+    reads_path = False
 
-    def __init__(self, num_heads: int, num_layers: int, hidden: int, vocab_size: int | None = None):
-        blocks = [[ResBlock(hidden) for _ in range(num_layers)] for _ in range(num_heads)]
+    def __init__(self, heads, num_layers: int, hidden: int, vocab_size: int | None):
         if vocab_size is not None:
-            for b in blocks:
+            for b in heads:
                 b.append(nn.Linear(hidden, vocab_size, bias=False))
-        super().__init__(nn.Sequential(*b) for b in blocks)
+        super().__init__(nn.Sequential(*b) for b in heads)
         self.num_layers, self.hidden, self.vocab_size = num_layers, hidden, vocab_size
         self._shared: list[nn.Module] = []  # the target's LM head when shared
         self.draft_vocab: torch.Tensor | None = None  # token ids the heads' softmax runs over (None: all)
@@ -86,28 +89,57 @@ class MedusaHeads(nn.ModuleList):
     def own_lm_head(self) -> bool:
         return self.vocab_size is not None
 
-    def attach_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
+    def attach_lm_head(self, lm_head: nn.Module) -> "HeadStack":
         self._shared = [lm_head]
         return self
-
-    def features(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
-        """(K', ..., H): the residual blocks' output of the first ``heads`` heads (all by default)."""
-        return torch.stack([head[: self.num_layers](hidden) for head in list(self)[: heads or len(self)]])
 
     def lm_head(self, k: int) -> nn.Module:
         """The LM head that head ``k`` ends in: its own, or the shared target's."""
         if self.own_lm_head:
             return self[k][self.num_layers]
         if not self._shared:
-            raise RuntimeError("MedusaHeads share the target's LM head: call attach_lm_head(target.lm_head)")
+            raise RuntimeError(f"{type(self).__name__} share the target's LM head: call attach_lm_head(target.lm_head)")
         return self._shared[0]
+
+    def head_features(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., H): head ``k``'s blocks on hidden states (..., H) (and, for heads that read it, ``path``)."""
+        raise NotImplementedError
+
+    def head_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+        """(..., V'): head ``k``'s LM head on its features, over the draft vocabulary (column i is token
+        ``draft_vocab[i]``) when there is one."""
+        rows = slice(None) if self.draft_vocab is None else self.draft_vocab.to(feats.device)
+        return nn.functional.linear(feats, self.lm_head(k).weight[rows])
+
+    def path_logits(self, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        """(K, ..., V') every head's logits at hidden states (..., H) whose true continuation is ``path``
+        (..., K) (teacher forcing: what drafting reads when the path so far is right)."""
+        return torch.stack([self.head_logits(k, self.head_features(k, hidden, None if path is None else
+                                                                   path[..., : k + 1]))
+                            for k in range(len(self))])
+
+
+class MedusaHeads(HeadStack):
+    """K Medusa heads; a ModuleList so that the state-dict keys are the published ones (``0.0.linear.weight``).
+
+    ``vocab_size`` set: each head ends in its own LM head. None: the heads output features for the
+    target's LM head (``attach_lm_head``), kept out of the state dict."""
+
+    def __init__(self, num_heads: int, num_layers: int, hidden: int, vocab_size: int | None = None):
+        super().__init__([[ResBlock(hidden) for _ in range(num_layers)] for _ in range(num_heads)], num_layers,
+                         hidden, vocab_size)
+
+    def features(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """(K', ..., H): the residual blocks' output of the first ``heads`` heads (all by default)."""
+        return torch.stack([head[: self.num_layers](hidden) for head in list(self)[: heads or len(self)]])
+
+    def head_features(self, k: int, hidden: torch.Tensor, path: torch.Tensor | None = None) -> torch.Tensor:
+        return self[k][: self.num_layers](hidden)  # Medusa heads never read the path
 
     def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(K', ..., V') logits of the first ``heads`` heads for hidden states (..., H), over the draft
         vocabulary (column i is token ``draft_vocab[i]``) when there is one."""
-        feats = self.features(hidden, heads)
-        rows = slice(None) if self.draft_vocab is None else self.draft_vocab.to(hidden.device)
-        return torch.stack([nn.functional.linear(f, self.lm_head(k).weight[rows]) for k, f in enumerate(feats)])
+        return torch.stack([self.head_logits(k, f) for k, f in enumerate(self.features(hidden, heads))])
 
     def config(self, **extra) -> dict:
         return {"medusa_num_heads": len(self), "medusa_num_layers": self.num_layers, "hidden_size": self.hidden,
@@ -157,8 +189,7 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
         raise ValueError(f"Medusa heads {folder} have width {heads.hidden}, the target {hidden}")
     if not heads.own_lm_head:
         heads.attach_lm_head(target.get_output_embeddings())
-    if (folder / DRAFT_VOCAB_FILE).is_file():
-        heads.draft_vocab = load_weight_file(folder / DRAFT_VOCAB_FILE)["token_ids"].long()
+    heads.draft_vocab = read_draft_vocab(folder)
     return heads.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
@@ -171,9 +202,21 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype
     (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(folder / WEIGHT_FILES[0]))
-    if heads.draft_vocab is not None:
-        save_file({"token_ids": heads.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
+    write_draft_vocab(heads.draft_vocab, folder)
     return folder
+
+
+def read_draft_vocab(folder: Path) -> torch.Tensor | None:
+    """The token ids of ``draft_vocab.safetensors`` in ``folder`` (None when there is none)."""
+    path = folder / DRAFT_VOCAB_FILE
+    return load_weight_file(path)["token_ids"].long() if path.is_file() else None
+
+
+def write_draft_vocab(token_ids: torch.Tensor | None, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    if token_ids is not None:
+        save_file({"token_ids": token_ids.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
 
 
 WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads)

@@ -180,7 +180,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,
                  worker: int = 0, workers: int = 1, answers: list[str] | None = None, stop_tokens=(),
-                 tap_layers=()) -> Path:
+                 tap_layers=(), only_batches=None) -> Path:
     """Answer every prompt ``samples_per_prompt`` times; resumable shard by shard. Batches run in a
     seeded random order; ``max_batches`` stops after that many (a reproducible random subset).
     ``workers`` processes (``worker`` = 0..workers-1) can share the work: each takes every
@@ -188,7 +188,9 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
     (one per prompt, e.g. the dataset's own) the target does not answer: it reads those answers (teacher
     forcing, each closed by the EOS) and only its features are kept. An answer ends at the EOS or one of
     ``stop_tokens`` (the model config's).
-    ``tap_layers`` (decoder layer indices, e.g. ``eagle3_layers(L)``) also records their inputs."""
+    ``tap_layers`` (decoder layer indices, e.g. ``eagle3_layers(L)``) also records their inputs.
+    ``only_batches`` (batch indices) writes exactly those shards instead of the seeded order (e.g. to rebuild
+    a copied subset: batches are fixed by the prompts, and greedy answers by the batch)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     eos_ids = stop_ids(tokenizer, stop_tokens)
@@ -208,7 +210,9 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
     done = sum(1 for b in range(len(batches)) if (out / f"shard_{b:05d}.safetensors").exists())
     bar = tqdm(total=len(batches), initial=done, desc="self-distillation batches")
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
-    if max_batches is not None:
+    if only_batches is not None:
+        order = [int(b) for b in only_batches]
+    elif max_batches is not None:
         order = order[:max_batches]
         bar.total = len(order)
         bar.n = sum(1 for b in order if (out / f"shard_{b:05d}.safetensors").exists())

@@ -21,14 +21,16 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from eagle2.heads.medusa_heads import MedusaHeads
+from eagle2.heads.medusa_heads import HeadStack, MedusaHeads
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection, soft_cross_entropy
@@ -60,12 +62,18 @@ def medusa_targets(length: int, start: torch.Tensor, valid: torch.Tensor, k: int
     return valid[:, k + 1:] & (t[None] + 1 >= start[:, None])
 
 
-def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay: float = 0.8,
+def path_tokens(tokens: torch.Tensor, length: int, k: int) -> torch.Tensor:
+    """(B, length-k-1, k+1): at each position t, the tokens t+1 .. t+k+1 (what head k of a Hydra stack
+    reads besides f[t]: the root and the k tokens drafted before it, on the true path)."""
+    return torch.stack([tokens[:, 1 + j: length - k + j] for j in range(k + 1)], dim=-1)
+
+
+def medusa_loss(heads: HeadStack, batch: dict, *, proj: LossProjection, decay: float = 0.8,
                 generator=None, train: bool = True, with_stats: bool = True):
-    """Weighted soft cross-entropy of every head; returns (loss, stats) with ``top1_h{k}`` per head."""
+    """Weighted soft cross-entropy of every head (Medusa's, or Hydra's reading the true path's tokens);
+    returns (loss, stats) with ``top1_h{k}`` per head."""
     feats, valid, start = batch["features"], batch["valid"], batch["start"]
     length = feats.shape[1]
-    out = heads.features(feats)  # (K, B, L, H)
     total, stats = None, {}
     for k in range(len(heads)):
         sel = medusa_targets(length, start, valid, k, batch.get("answer"))
@@ -73,7 +81,8 @@ def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay:
             stats["n"] = int(sel.sum())
         if not sel.any():
             continue
-        x, y = out[k][:, : length - k - 1][sel], feats[:, k + 1:][sel]
+        path = path_tokens(batch["tokens"], length, k)[sel] if heads.reads_path else None
+        x, y = heads.head_features(k, feats[:, : length - k - 1][sel], path), feats[:, k + 1:][sel]
         topk = (1 if train else 4) if with_stats else 0
         if heads.own_lm_head:
             ce, k_stats = _own_head_cross_entropy(heads.lm_head(k).weight[_rows(heads)], x, y, proj, topk)
@@ -85,7 +94,7 @@ def medusa_loss(heads: MedusaHeads, batch: dict, *, proj: LossProjection, decay:
             if name in k_stats:
                 stats[f"{name}_h{k}"] = k_stats[name]
     if total is None:
-        return out.sum() * 0.0, {"loss": 0.0, "n": 0}
+        return sum(p.sum() for p in heads.parameters()) * 0.0, {"loss": 0.0, "n": 0}
     stats["loss"] = total.item()
     return total, stats
 
@@ -115,24 +124,29 @@ def _own_head_cross_entropy(weight, x, y, proj: LossProjection, topk: int):
     return ce, stats
 
 
-def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs) -> tuple[MedusaHeads, dict]:
-    """Train Medusa heads on ``corpus_dir`` with the settings of ``train.medusa``."""
+def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, new_heads=None,
+                 **kwargs) -> tuple[HeadStack, dict]:
+    """Train Medusa heads on ``corpus_dir`` with the settings of ``train.medusa`` (or, with ``new_heads``
+    (target, cfg) -> (fresh fp32 heads, their fingerprint settings), other heads of the same loss: Hydra's)."""
     from eagle2.core.precision import resolve_dtype
 
     torch.manual_seed(cfg.seed)
     target.requires_grad_(False)
     train_seqs, val_seqs, _ = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences,
                                                   cfg.get("resident_shards"))
-    heads = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head)
+    if new_heads is None:
+        heads, kind_extra = new_medusa_heads(target, cfg.num_heads, cfg.num_layers, cfg.own_lm_head), {}
+    else:
+        heads, kind_extra = new_heads(target, cfg)
     if cfg.draft_vocab_size:
         from eagle2.training.data import tokens_by_frequency
 
         heads.draft_vocab = tokens_by_frequency(corpus_dir)[: int(cfg.draft_vocab_size)]
     proj = vocab_projection(target.get_output_embeddings(), heads.draft_vocab, resolve_dtype(cfg.loss_dtype))
     extra = {"num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "own_lm_head": cfg.own_lm_head,
-             "decay": cfg.decay, "draft_vocab_size": cfg.draft_vocab_size}
+             "decay": cfg.decay, "draft_vocab_size": cfg.draft_vocab_size, **kind_extra}
     summary = fit(heads, partial(medusa_loss, proj=proj, decay=cfg.decay), train_seqs, val_seqs, cfg, out_dir,
-                  desc="medusa", fingerprint_extra=extra, **kwargs)
+                  desc=kind_extra.get("kind", "medusa"), fingerprint_extra=extra, **kwargs)
     summary.update(train_sequences=len(train_seqs), val_sequences=len(val_seqs),
                    train_answer_tokens=sum(len(s.tokens) - s.start for s in train_seqs))
     return heads.eval(), summary
@@ -141,10 +155,11 @@ def train_medusa(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwa
 # ------------------------------------------------------------------------------ evaluation
 
 @torch.no_grad()
-def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int = MAX_RANK) -> torch.Tensor:
+def true_ranks(heads: HeadStack, target_lm_head, seq: Sequence, max_rank: int = MAX_RANK) -> torch.Tensor:
     """(A, K) rank (0 = top-1; ``max_rank`` = not in the top ``max_rank`` or outside the heads' draft
-    vocabulary) of the target's greedy token t+k+2 among head k's choices at f[t], for the anchors t
-    (from the prompt's last position) where every head's target exists."""
+    vocabulary) of the target's greedy token t+k+2 among head k's choices at f[t] (heads that read the
+    path: given the sequence's tokens t+1 .. t+k+1), for the anchors t (from the prompt's last position)
+    where every head's target exists."""
     k_heads = len(heads)
     n = len(seq.tokens)
     first, last = max(seq.start - 1, 0), n - k_heads  # anchors t in [first, last): t + K <= n - 1
@@ -161,7 +176,8 @@ def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int 
         column = torch.full((target_lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
         column[heads.draft_vocab.to(device)] = torch.arange(len(heads.draft_vocab), device=device)
         want = column[want]
-    out = heads(feats[anchors])  # (K, A, V')
+    path = torch.stack([seq.tokens.to(device)[anchors + 1 + j] for j in range(k_heads)], dim=-1)  # (A, K)
+    out = heads.path_logits(feats[anchors], path)  # (K, A, V'); Medusa heads ignore the path
     ranks = []
     for k in range(k_heads):
         w = want[anchors + k + 1]
@@ -170,7 +186,7 @@ def true_ranks(heads: MedusaHeads, target_lm_head, seq: Sequence, max_rank: int 
     return torch.stack(ranks, dim=1).cpu()
 
 
-def rank_statistics(heads: MedusaHeads, target, seqs: list[Sequence], max_rank: int = MAX_RANK) -> dict:
+def rank_statistics(heads: HeadStack, target, seqs: list[Sequence], max_rank: int = MAX_RANK) -> dict:
     """Per-head top-1/4/10 and the count of every rank prefix (a tree node) that the true path takes."""
     lm = target.get_output_embeddings()
     lm32 = torch.nn.Linear(lm.weight.shape[1], lm.weight.shape[0], bias=False).to(lm.weight.device)
@@ -200,7 +216,7 @@ def best_tree(prefix_counts: Counter, size: int) -> list[list[int]]:
     return sorted((list(p) for p, _ in ranked[:size]), key=lambda p: (len(p), p))
 
 
-def evaluate_medusa(heads: MedusaHeads, target, seqs: list[Sequence], trees: dict, sizes=(1, 2, 3, 4, 6, 8)) -> dict:
+def evaluate_medusa(heads: HeadStack, target, seqs: list[Sequence], trees: dict, sizes=(1, 2, 3, 4, 6, 8)) -> dict:
     """Per-head agreement, the expected tau (1 + accepted drafts) of the named ``trees`` and of the best
     tree of each size, on held-out ``seqs``."""
     stats = rank_statistics(heads, target, seqs)
@@ -214,26 +230,49 @@ def evaluate_medusa(heads: MedusaHeads, target, seqs: list[Sequence], trees: dic
 
 # ------------------------------------------------------------------------------ the stage
 
-def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
-    """``train_head.py stage=medusa``: train (resuming), export to ``train.medusa.export``, and write
-    ``eval.json`` (MT-bench first turns and the corpus's held-out shards) and ``training.json``."""
+@dataclass(frozen=True)
+class HeadsKind:
+    """What the stage needs to know of a kind of heads trained by this loss (Medusa's, Hydra's)."""
+
+    name: str  # the stage
+    settings: Callable  # train config -> the section of its settings
+    choices_key: str  # the model-config key of its tree
+    new_heads: Callable | None  # (target, section) -> (fresh heads, fingerprint settings); None: Medusa's
+    save: Callable  # (heads, folder, dtype=..., **config) -> folder
+    load: Callable  # (folder, target) -> heads
+
+
+def _medusa_kind() -> HeadsKind:
+    from eagle2.heads.medusa_heads import load_medusa_heads, save_medusa_heads
+
+    return HeadsKind("medusa", lambda train: train.medusa, "medusa_choices", None, save_medusa_heads,
+                     load_medusa_heads)
+
+
+def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = None) -> Path | None:
+    """``train_head.py stage=medusa`` (or ``stage=hydra`` with its ``kind``): train (resuming), export to
+    ``export`` of its settings, and write ``eval.json`` (MT-bench first turns and the corpus's held-out shards)
+    and ``training.json``."""
     from omegaconf import OmegaConf
 
-    from eagle2.heads.medusa_heads import MC_SIM_7B_63, load_medusa_heads, save_medusa_heads
+    from eagle2.heads.medusa_heads import MC_SIM_7B_63
     from eagle2.training.corpus import corpus_tap_layers
     from eagle2.training.data import load_sequences, split_shards
     from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
     from eagle2.training.models import export_dtype
 
-    mc, corpus_dir = cfg.train.medusa, root / cfg.train.medusa.corpus_dir
+    kind = kind or _medusa_kind()
+    mc = kind.settings(cfg.train)
+    corpus_dir = root / mc.corpus_dir
     t0 = time.time()
-    heads, summary = train_medusa(target, corpus_dir, mc, root / mc.out_dir, stop_after=mc.stop_after)
+    heads, summary = train_medusa(target, corpus_dir, mc, root / mc.out_dir, new_heads=kind.new_heads,
+                                  stop_after=mc.stop_after)
     if summary["partial"]:
         return None
     summary["wall_time_s_this_process"] = time.time() - t0
     dtype = export_dtype(heads, mc.export_max_mb, mc.get("export_dtype", "bfloat16"))
-    folder = save_medusa_heads(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
-    info = {"kind": "medusa", "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
+    folder = kind.save(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
+    info = {"kind": kind.name, "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
             "corpus_shards": sorted(p.name for p in corpus_dir.glob("shard_*.safetensors")),
             "recipe": OmegaConf.to_container(mc), "stored_dtype": str(dtype).replace("torch.", ""), "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
@@ -245,14 +284,14 @@ def medusa_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     from eagle2.training.data import all_sequences
 
     _, val_paths = split_shards(corpus_dir, mc.val_fraction)
-    loaded = load_medusa_heads(folder, target)
-    trees = {"model.medusa_choices": OmegaConf.to_container(cfg.model.medusa_choices),
+    loaded = kind.load(folder, target)
+    trees = {f"model.{kind.choices_key}": OmegaConf.to_container(cfg.model[kind.choices_key]),
              "mc_sim_7b_63": MC_SIM_7B_63}
     metrics = {"target": cfg.model.name, "artifact": str(folder)}
     for name, seqs in {"mt_bench": all_sequences(mt_dir), "corpus_heldout": load_sequences(val_paths)}.items():
         metrics[name] = evaluate_medusa(loaded, target, seqs, trees)
         tops = " ".join(f"{k}={v['top1']:.3f}" for k, v in metrics[name]["per_head"].items())
-        print(f"[eval] medusa on {name}: top-1 {tops}; tau " +
+        print(f"[eval] {kind.name} on {name}: top-1 {tops}; tau " +
               " ".join(f"{k}={v:.3f}" for k, v in metrics[name]["tau"].items()), flush=True)
     write_eval_json(folder, metrics)
     return folder

@@ -12,7 +12,8 @@ from pathlib import Path
 from eagle2.training.warm_state import read_warm_state
 
 CORPUS_PATTERNS = ("shard_*.safetensors", "tokens_*.npz")  # feature shards, or token shards (online features)
-TRAINING_SECTIONS = {"head": "head", "eagle3": "eagle3", "draft": "draft", "medusa": "medusa"}  # stage -> section
+TRAINING_SECTIONS = {"head": "head", "eagle3": "eagle3", "draft": "draft", "medusa": "medusa",
+                     "hydra": "hydra"}  # stage -> section
 EVAL_EXPORTS = {"head": ("head", "head"), "eagle3": ("eagle3_head", "eagle3"), "draft": ("draft", "draft")}
 
 
@@ -43,8 +44,9 @@ def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
                 raise PreflightError(f"stage=corpus reads train.corpus.prompts, and {root / missing[0]} does not exist")
         if stage in ("head", "eagle3", "draft") and "corpus" not in before:
             _need_corpus(root / train.corpus.out_dir, "train.corpus.out_dir", stage, "corpus")
-        if stage == "medusa" and "corpus" not in before:
-            _need_corpus(root / train.medusa.corpus_dir, "train.medusa.corpus_dir", stage, "corpus")
+        if stage in ("medusa", "hydra") and "corpus" not in before:
+            section = stage if (train.get(stage) or {}).get("corpus_dir") else "medusa"  # hydra: medusa's unless set
+            _need_corpus(root / train[section].corpus_dir, f"train.{section}.corpus_dir", stage, "corpus")
         if stage == "own_answers" and "sharegpt" not in before:
             _need_corpus(root / train.own_answers.source, "train.own_answers.source", stage, "sharegpt")
         if stage == "features" and "conversations" not in before:

@@ -1,5 +1,6 @@
 """The stages of ``train_head.py`` (corpus | head | eagle3 | draft | medusa | eval, or all of them in that order;
-and, outside ``all``, conversations | features: the self-instruct two-turn token corpus and its feature shards),
+and, outside ``all``, hydra (Hydra heads by the Medusa stage) | conversations | features: the self-instruct
+two-turn token corpus and its feature shards),
 each reading its section of ``conf/train/*.yaml`` and resuming where it stopped."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from eagle2.training.train import train_draft, train_eagle3_head, train_head, tr
 
 STAGES = ("corpus", "head", "eagle3", "draft", "medusa", "eval")
 # run only when named (not part of ``all``)
-EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers", "joint")
+EXTRA_STAGES = ("conversations", "features", "sharegpt", "own_answers", "joint", "hydra")
 EVAL_KINDS = {"head": "head", "eagle3": "eagle3_head", "draft": "draft"}  # eval kind -> train.export key
 DATA_PARALLEL_STAGES = ("head", "eagle3", "draft", "joint")  # the stages torchrun may run (rank 0 exports)
 
@@ -47,7 +48,8 @@ def corpus_stage(target, tokenizer, corpus_cfg, root: Path) -> Path:
                         seed=corpus_cfg.seed, max_batches=corpus_cfg.max_batches, worker=corpus_cfg.worker,
                         workers=corpus_cfg.workers, stop_tokens=corpus_cfg.stop_tokens,
                         answers=[a for _, a in records] if responses == "dataset" else None,
-                        tap_layers=corpus_tap_layers(target, corpus_cfg.get("tap_layers")))
+                        tap_layers=corpus_tap_layers(target, corpus_cfg.get("tap_layers")),
+                        only_batches=corpus_cfg.get("batches"))
 
 
 def conversations_stage(target, tokenizer, conv_cfg, root: Path) -> Path:
@@ -326,5 +328,10 @@ def run_stages(target, tokenizer, cfg, root: Path, stage: str = "all") -> None:
         from eagle2.training.medusa import medusa_stage
 
         _say(_exported("Medusa heads", medusa_stage(target, tokenizer, cfg, root)))
+    if "hydra" in stages:  # the Medusa stage with Hydra heads (eagle2/training/hydra.py)
+        from eagle2.training.hydra import HYDRA
+        from eagle2.training.medusa import medusa_stage
+
+        _say(_exported("Hydra heads", medusa_stage(target, tokenizer, cfg, root, HYDRA)))
     if "eval" in stages:
         eval_stage(target, tokenizer, cfg, root)

@@ -1,0 +1,43 @@
+"""Training Hydra heads (``eagle2.heads.hydra_heads``) with the Medusa trainer: same corpus, loss, steps
+and evaluation (``eagle2.training.medusa``); only the heads differ.
+
+Head k at position t reads ``f[t]`` and the true tokens t+1 .. t+k+1 (teacher forcing: on the true
+path drafting reads exactly these) and is fitted, as Medusa's head k, to the target's own distribution
+at t+k+1. The settings are ``train.medusa``'s with ``train.hydra``'s on top (its own ``out_dir``,
+``export`` and ``rank``), so the two kinds train on equal data for equal steps unless told otherwise.
+``train_head.py stage=hydra`` trains, exports and evaluates them (``medusa_stage`` with ``HYDRA``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle2.heads.hydra_heads import HydraHeads, load_hydra_heads, save_hydra_heads
+from eagle2.training.medusa import HeadsKind
+
+
+def new_hydra_heads(target, cfg) -> tuple[HydraHeads, dict]:
+    """Fresh fp32 heads (first blocks at zero: the identity on f) reading the target's embedding and,
+    unless ``own_lm_head``, its frozen LM head; and the settings that go into the run's fingerprint."""
+    lm = target.get_output_embeddings()
+    rank = cfg.get("rank") or None
+    heads = HydraHeads(cfg.num_heads, cfg.num_layers, target.config.hidden_size,
+                       lm.weight.shape[0] if cfg.own_lm_head else None, rank)
+    if cfg.own_lm_head:
+        with torch.no_grad():
+            for k in range(cfg.num_heads):
+                heads.lm_head(k).weight.copy_(lm.weight)
+    else:
+        heads.attach_lm_head(lm)
+    heads.attach_embedding(target.get_input_embeddings())
+    return heads.to(target.device, torch.float32), {"kind": "hydra", "rank": rank}
+
+
+def hydra_settings(train):
+    """``train.medusa`` with ``train.hydra`` on top."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(train.medusa, train.get("hydra") or {})
+
+
+HYDRA = HeadsKind("hydra", hydra_settings, "hydra_choices", new_hydra_heads, save_hydra_heads, load_hydra_heads)
