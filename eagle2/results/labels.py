@@ -1,6 +1,8 @@
 """Readable names for stored configs: each config's method settings, the name a config is shown under
 (``eagle2+lookup``, the oracle marked as a ceiling) and the label that tells apart configs of one method
-(``eagle2 (total_tokens=8, depth=3)``). Read from rows only; the report and the identity audit share them."""
+(``eagle2 (total_tokens=8, depth=3)``; configs of one method and settings that ran with different drafter
+weights, such as REST over two datastores, also by the weights: ``rest (rest_datastore 1a2b3c4d)``). Read
+from rows only; the report and the identity audit share them."""
 
 from __future__ import annotations
 
@@ -42,17 +44,36 @@ def display_method(method: str, settings: dict) -> str:
     return str(method)
 
 
+WEIGHTS_PREFIX = "weights:"  # a label column holding a drafter-weights fingerprint (rows' ``weights``)
+
+
+def weights_settings(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per config_hash: ``weights:<model-config key>`` -> the first 8 characters of the content
+    hash of those drafter weights (``hub`` for a hub id), from the rows' ``weights`` (none before it existed)."""
+    out = []
+    for _, r in rows.drop_duplicates("config_hash").iterrows():
+        weights = r.get("weights") if isinstance(r.get("weights"), dict) else {}
+        out.append({"config_hash": r.config_hash,
+                    **{f"{WEIGHTS_PREFIX}{k}": (v[:8] if isinstance(v, str) else "hub") for k, v in weights.items()}})
+    return pd.DataFrame(out, columns=["config_hash"] if not out else None)
+
+
 def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
     """config_hash -> a readable label: the method's display name (``display_method``), plus the method
-    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
+    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``),
+    plus the drafter weights when they vary there (``rest (rest_datastore 1a2b3c4d)``, for every weighted
+    method); a name whose configs share their weights is labelled as before."""
     settings = config_settings(rows)
     settings["method"] = [display_method(m, r.to_dict()) for m, (_, r) in zip(settings.method, settings.iterrows())]
+    if not rows.empty:
+        settings = settings.merge(weights_settings(rows), on="config_hash", how="left")
     labels = {}
     for method, g in settings.groupby("method", sort=False):
         varying = [c for c in g.columns if c not in ("config_hash", "method")
                    and not c.startswith("lookup") and g[c].astype(str).nunique(dropna=False) > 1]
         for _, r in g.iterrows():
-            extra = ", ".join(f"{c}={_plain_value(r[c])}" for c in varying)
+            extra = ", ".join(f"{c[len(WEIGHTS_PREFIX):]} {r[c]}" if c.startswith(WEIGHTS_PREFIX)
+                              else f"{c}={_plain_value(r[c])}" for c in varying)
             labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
     return labels
 
