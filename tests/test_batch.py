@@ -23,11 +23,13 @@ from eagle2.core.sampling import SamplingParams
 from tests.conftest import shared_drafter_weights
 from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
 from tests.test_lossless_new_methods import GREEDY_METHODS
+from tests.test_hydra import tiny_hydra
 from tests.test_medusa import tiny_medusa
 
 GREEDY = SamplingParams()
 METHODS = {"plain": {"name": "plain"}, **SPEC_METHODS, **GREEDY_METHODS,
-           "medusa": {"name": "medusa", "choices": [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]}}
+           "medusa": {"name": "medusa", "choices": [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]},
+           "hydra": {"name": "hydra", "choices": [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]}}
 # ragged: lengths 3, 6, 1, 9, 4, 2 (six requests: every B < 6 refills or drains)
 PROMPTS = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [3], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10], [13, 2, 2, 7], [9, 4]]
 N = 30
@@ -37,7 +39,7 @@ N = 30
 def weights(tiny):
     target, draft, head = tiny
     return {"head": head, "sps_draft": draft, **shared_drafter_weights(target),
-            "medusa_head": tiny_medusa(target, num_heads=3)}
+            "medusa_head": tiny_medusa(target, num_heads=3), "hydra_head": tiny_hydra(target, num_heads=3)}
 
 
 def drafter(target, method, weights, params=GREEDY, generator=None):

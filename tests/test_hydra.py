@@ -235,3 +235,38 @@ def test_hydra_negative_control_is_rejected_exactly(exact, with_hydra, control):
     diff, _ = exact(HYDRA, SamplingParams(1.0), accept)
     print(f"control {control} on hydra: max abs diff {diff:.2e}")
     assert diff > exact_cert.REJECT_DIFF
+
+
+# ---- training (the Medusa trainer with Hydra heads) ----
+
+def test_training_lowers_the_loss_and_ranks_read_the_true_path(tmp_path):
+    from eagle2.training.data import collate
+    from eagle2.training.hydra import new_hydra_heads
+    from eagle2.training.loop import fit
+    from eagle2.training.losses import LossProjection
+    from eagle2.training.medusa import medusa_loss, true_ranks
+    from tests.test_medusa_training import FIT, sequences
+
+    small = tiny_llama(vocab=16, layers=1, seed=0, scale=10.0)
+    small.requires_grad_(False)
+    seqs = sequences(small)
+    settings = OmegaConf.create({"num_heads": 2, "num_layers": 1, "own_lm_head": False, "rank": 4})
+    heads, extra = new_hydra_heads(small, settings)
+    assert extra == {"kind": "hydra", "rank": 4}
+    proj = LossProjection(small.lm_head)
+    batch = collate(seqs, "cpu")
+    before = medusa_loss(heads, batch, proj=proj, train=False)[1]
+    fit(heads, lambda m, b, **kw: medusa_loss(m, b, proj=proj, **kw), seqs, [], OmegaConf.create(FIT), tmp_path)
+    after = medusa_loss(heads, batch, proj=proj, train=False)[1]
+    assert after["loss"] < before["loss"] - 0.5
+    assert after["top1_h1"] > before["top1_h1"]
+    assert set(heads.state_dict()) == {f"{k}.0.{w}" for k in range(2) for w in ("down.weight", "up.weight", "up.bias")}
+    # the held-out rank of head 1 is its rank given the sequence's own tokens t+1, t+2 (brute force)
+    seq = seqs[0]
+    ranks = true_ranks(heads, small.lm_head, seq)
+    want = small.lm_head(seq.features).argmax(-1)
+    with torch.no_grad():
+        for row, t in enumerate(range(seq.start - 1, len(seq.tokens) - 2)):
+            logits = heads.head_logits(1, heads.head_features(1, seq.features[t], seq.tokens[t + 1: t + 3]))
+            order = logits.argsort(descending=True).tolist()
+            assert int(ranks[row, 1]) == min(order.index(int(want[t + 2])), 10)

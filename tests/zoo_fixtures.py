@@ -221,10 +221,25 @@ def write_rest_datastore(folder: Path, target_config: LlamaConfig, seed: int = 5
     return Datastore.from_entries(torch.randint(ids, (40, 400), generator=gen).tolist()).save(folder / "datastore.npz")
 
 
+def write_hydra_head(folder: Path, target_config: LlamaConfig, seed: int = 5, *, num_heads: int = 4) -> Path:
+    """Hydra heads in this toolkit's format (``eagle2.heads.hydra_heads``): random path blocks of rank 16
+    (the full H x H*(k+2) matrices of a 4096-wide model would be 0.5G parameters), the target's LM head
+    shared; 4 heads, so the default 63-node tree (depth 4) fits."""
+    from eagle2.heads.hydra_heads import HydraHeads, save_hydra_heads
+
+    gen = torch.Generator().manual_seed(seed)
+    heads = HydraHeads(num_heads, 1, target_config.hidden_size, None, rank=16)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(_random(p.shape, gen, std=0.05))
+    return save_hydra_heads(heads, folder, dtype=torch.float16)
+
+
 WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder (or file)
     "head": write_published_head,
     "sps_draft": write_full_draft,
     "medusa_head": write_medusa_head,
+    "hydra_head": write_hydra_head,
     "eagle3_head": write_eagle3_head,
     "rest_datastore": write_rest_datastore,
 }
