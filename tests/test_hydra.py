@@ -270,3 +270,11 @@ def test_training_lowers_the_loss_and_ranks_read_the_true_path(tmp_path):
             logits = heads.head_logits(1, heads.head_features(1, seq.features[t], seq.tokens[t + 1: t + 3]))
             order = logits.argsort(descending=True).tolist()
             assert int(ranks[row, 1]) == min(order.index(int(want[t + 2])), 10)
+
+
+def test_training_reads_the_tokens_after_each_position():
+    from eagle2.training.medusa import path_tokens
+
+    tokens = torch.arange(10, 18)[None]  # (1, 8): token t is 10 + t
+    assert path_tokens(tokens, 8, 0)[0, :, 0].tolist() == list(range(11, 18))  # head 0 at t reads x[t+1]
+    assert path_tokens(tokens, 8, 2)[0, 2].tolist() == [13, 14, 15]  # head 2 at t=2 reads x[3], x[4], x[5]
