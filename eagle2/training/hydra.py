@@ -34,10 +34,13 @@ def new_hydra_heads(target, cfg) -> tuple[HydraHeads, dict]:
 
 
 def hydra_settings(train):
-    """``train.medusa`` with ``train.hydra`` on top."""
+    """``train.medusa`` with ``train.hydra`` on top (both resolved: a plain config, keys of either allowed)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.merge(train.medusa, train.get("hydra") or {})
+    def plain(section):
+        return OmegaConf.create(OmegaConf.to_container(section, resolve=True) if section is not None else {})
+
+    return OmegaConf.merge(plain(train.medusa), plain(train.get("hydra")))
 
 
 HYDRA = HeadsKind("hydra", hydra_settings, "hydra_choices", new_hydra_heads, save_hydra_heads, load_hydra_heads)
