@@ -109,7 +109,7 @@ def test_eos_and_max_new_tokens_per_row(tiny, weights, plain_refs):
 def test_sampled_rows_equal_batch_one_with_their_seeds(tiny, weights):
     params = SamplingParams(temperature=1.0)
     seeds = [11, 12, 13, 14, 15, 16]
-    for name in ("plain", "sps", "eagle2", "pld"):
+    for name in ("plain", "sps", "eagle2", "pld", "hydra"):
         ref = single_decode(tiny[0], METHODS[name], weights, params, seeds)
         for batch_size in (2, 4):
             out = batch_decode(tiny[0], METHODS[name], weights, batch_size, params=params, seeds=seeds)
