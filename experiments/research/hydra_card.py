@@ -1,6 +1,7 @@
 """Write the Hydra heads' card (``artifacts/smollm2/hydra_head/README.md``) from their ``eval.json`` and
-``training.json``, with the Medusa heads' held-out figures (``artifacts/smollm2/medusa_head/eval.json``)
-beside them: same held-out sets, same tables.
+``training.json``, with the Medusa heads' held-out figures beside them (``medusa_eval.json``: the shipped
+Medusa heads on the same held-out sets; else ``artifacts/smollm2/medusa_head/eval.json``) and the
+full-rank ablation (``ablation/full_rank.{eval,training}.json``): same held-out sets, same tables.
 
     python -m experiments.research.hydra_card [--control "<the path-blanked control's output lines>"]
 """
@@ -41,7 +42,22 @@ def best_tree_table(hydra: dict, medusa: dict) -> str:
     return "\n".join(lines)
 
 
-def card(hydra: dict, medusa: dict, training: dict, control: str) -> str:
+def ablation_table(shipped: dict, full: dict, full_training: dict, shipped_training: dict) -> str:
+    lines = ["| path blocks | parameters | bf16 size | training wall time | MT-bench top-1 h0 / h1 / h2 | MT-bench tau, "
+             "CPU tree | corpus top-1 h0 / h1 / h2 | corpus tau, CPU tree |", "|---|---|---|---|---|---|---|---|"]
+    for name, ev, tr in (("rank 24 (shipped)", shipped, shipped_training), ("full rank", full, full_training)):
+        rank = tr["recipe"].get("rank")
+        params = 3 * 576 + sum((rank * 576 * (k + 2) + rank * 576) if rank else 576 * 576 * (k + 2) for k in range(3))
+        tops = {key: " / ".join(f"{h['top1']:.3f}" for h in ev[key]["per_head"].values()) for key in SETS}
+        taus = {key: list(ev[key]["tau"].values())[0] for key in SETS}
+        lines.append(f"| {name} | {params / 1e6:.2f}M | {2 * params / 1e6:.2f} MB | "
+                     f"{tr['summary']['wall_time_s_this_process']:.0f} s | {tops['mt_bench']} | {taus['mt_bench']:.2f} | "
+                     f"{tops['corpus_heldout']} | {taus['corpus_heldout']:.2f} |")
+    return "\n".join(lines)
+
+
+def card(hydra: dict, medusa: dict, training: dict, control: str, full: dict | None = None,
+         full_training: dict | None = None) -> str:
     s, r = training["summary"], training["recipe"]
     t, v = s["train"], s["val"]
     rank = r.get("rank")
@@ -69,9 +85,13 @@ train.corpus.tap_layers=null train.corpus.batches=[50,55,63,93,101,137,172,191,2
 
 **Why rank {rank}?** The authors' full first block is an H x H*(k+2) matrix per head (plus, in their code, a
 second one for the residual): 3.0M parameters for 3 heads here even with the residual taken as `f`, 6 MB
-in bf16, and the tracked tree has to stay under 48 MiB (about 0.5 MB were left). Rank {rank} is what fits.
-The Medusa heads it is compared with have a full H x H block each (1.0M parameters): Hydra gets a sixth of
-the parameters, but the path's tokens.
+in bf16, and the tracked tree has to stay under 48 MiB (about 0.5 MB were left). Rank {rank} is what fits
+with room to spare. The Medusa heads it is compared with have a full H x H block each (1.0M parameters):
+these Hydra heads get a sixth of the parameters, but the path's tokens. The full-rank heads, trained the
+same way, are in the ablation below.
+
+The Medusa figures below are the shipped (bf16) Medusa heads evaluated on the same held-out sets
+(`medusa_eval.json`; within 0.001 of their own card, which evaluated them before the bf16 export).
 
 ## Training
 | | value |
@@ -80,7 +100,7 @@ the parameters, but the path's tokens.
 | optimiser | AdamW {tuple(r['betas'])}, lr {r['lr']} cosine to {r['lr'] * r['min_lr_ratio']:g}, warmup {r['warmup']}, clip {r['grad_clip']}; blocks start at the identity on f |
 | data | {s['train_sequences']} training conversations, {s['train_answer_tokens']:,} answer tokens; {s['val_sequences']} held out |
 | steps | **{s['step']} x {r['token_budget']:,} padded tokens** ({t['tok_s']:.0f} tokens/s at the end) |
-| wall time | {s['wall_time_s_this_process']:.0f} s with loading, 1 thread, beside other jobs on the 2 cores |
+| wall time | {s['wall_time_s_this_process']:.0f} s with loading, 1 thread, beside other jobs on the 2 cores (the Medusa heads' 1,113 s ran under a heavier load: wall times on this shared machine do not compare) |
 | last training batch | top-1 per head {' / '.join(f"{t[f'top1_h{k}']:.2f}" for k in range(r['num_heads']))} (held-out: {' / '.join(f"{v[f'top1_h{k}']:.2f}" for k in range(r['num_heads']))}) |
 
 ## Held-out agreement, next to the Medusa heads
@@ -96,7 +116,21 @@ Best trees by size, expected tau (paths in Medusa's notation, read per path for 
 
 {best_tree_table(hydra, medusa)}
 
+## Ablation: full-rank path blocks (not shipped: over the size limit)
+Same command with `train.hydra.rank=null` (and another `out_dir`/`export`); `ablation/full_rank.*.json`.
+
+{ablation_table(hydra, full, full_training, training) if full else "(not run)"}
+
+At equal data and steps the authors' full blocks beat the Medusa heads on every head, the deeper ones most
+(they see the path); the rank-24 blocks that fit lose head 0's agreement to Medusa's full matrix, are level
+at head 1 and ahead only at head 2, so their tau is below Medusa's. Shipping the full blocks needs about
+6 MB more room in the tracked tree.
+
 ## The control: the same heads, path blanked
+`python -m experiments.research.hydra_path_control --prompts 5 --new-tokens 64` (fp32, greedy, 5 MT-bench
+first turns): the shipped heads, then the same heads with every path embedding replaced by zeros (head k
+ignores the tokens before it). Both must equal plain decoding; the blanked heads must accept less.
+
 {control or "(not measured)"}
 """
 
@@ -105,8 +139,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--control", default="", help="text for the path-blanked control's section")
     args = ap.parse_args(argv)
-    load = lambda p: json.loads(p.read_text())  # noqa: E731
-    text = card(load(HYDRA / "eval.json"), load(MEDUSA / "eval.json"), load(HYDRA / "training.json"), args.control)
+    load = lambda p: json.loads(p.read_text()) if p.is_file() else None  # noqa: E731
+    medusa = load(HYDRA / "medusa_eval.json") or load(MEDUSA / "eval.json")
+    text = card(load(HYDRA / "eval.json"), medusa, load(HYDRA / "training.json"), args.control,
+                load(HYDRA / "ablation/full_rank.eval.json"), load(HYDRA / "ablation/full_rank.training.json"))
     (HYDRA / "README.md").write_text(text)
     print(HYDRA / "README.md")
 
