@@ -56,7 +56,7 @@ def target():
 
 # ---- format ----
 
-@pytest.mark.parametrize("rank", [None, 3])
+@pytest.mark.parametrize("rank", [None, 3, [5, 0, 2]])
 @pytest.mark.parametrize("own_lm_head", [False, True])
 def test_save_load_round_trip(target, tmp_path, rank, own_lm_head):
     heads = tiny_hydra(target, rank=rank, own_lm_head=own_lm_head)
@@ -72,6 +72,8 @@ def test_save_load_round_trip(target, tmp_path, rank, own_lm_head):
     first = "0.0.down.weight" if rank else "0.0.linear.weight"
     assert heads.state_dict()[first].shape[1] == 2 * target.config.hidden_size  # [f; e(root)]
     assert heads.state_dict()[first.replace("0.", "2.", 1)].shape[1] == 4 * target.config.hidden_size
+    if isinstance(rank, list):  # one rank per head; 0 = that head's full matrix
+        assert heads.state_dict()["0.0.down.weight"].shape[0] == 5 and "1.0.linear.weight" in heads.state_dict()
 
 
 def test_loading_is_strict(target, tmp_path):

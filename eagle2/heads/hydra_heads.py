@@ -11,7 +11,8 @@ the target's own (frozen) input embedding ``e``, ``x + SiLU(W z + b)``; further 
 ``x + SiLU(W x + b)``; then an LM head. The authors' first block takes the residual ``x`` through a
 learned H*(k+2) -> H projection; here it is ``f`` itself (no parameters, and the head starts as the
 identity on ``f`` like Medusa's). ``rank`` (our option, for the size budget) factors ``W`` as
-``up @ down`` through ``rank`` dimensions; null is the authors' full matrix. Not built: Hydra++'s
+``up @ down`` through ``rank`` dimensions (one rank for all heads, or a list, one per head); null is the
+authors' full matrix. Not built: Hydra++'s
 prefix-attention layer (an extra decoder layer over the hidden states) and the authors' own LM heads by
 default (the heads share the target's frozen LM head over a reduced draft vocabulary, as the SmolLM2
 Medusa heads do; ``vocab_size`` gives them their own).
@@ -70,13 +71,16 @@ class HydraHeads(HeadStack):
     reads_path = True
 
     def __init__(self, num_heads: int, num_layers: int, hidden: int, vocab_size: int | None = None,
-                 rank: int | None = None):
+                 rank: int | list[int] | None = None):
         if num_layers < 1:
             raise ValueError("Hydra heads need at least one block (the one that reads the path)")
-        blocks = [[PathBlock(hidden, k + 1, rank), *(ResBlock(hidden) for _ in range(num_layers - 1))]
+        ranks = list(rank) if isinstance(rank, (list, tuple)) else [rank] * num_heads  # one per head, or for all
+        if len(ranks) != num_heads:
+            raise ValueError(f"rank {rank} names {len(ranks)} heads' ranks for {num_heads} heads")
+        blocks = [[PathBlock(hidden, k + 1, ranks[k]), *(ResBlock(hidden) for _ in range(num_layers - 1))]
                   for k in range(num_heads)]
         super().__init__(blocks, num_layers, hidden, vocab_size)
-        self.rank = rank or None
+        self.rank = (list(rank) if isinstance(rank, (list, tuple)) else rank) or None
         self._embedding: list[nn.Module] = []
 
     def attach_embedding(self, embedding: nn.Module) -> "HydraHeads":

@@ -21,6 +21,7 @@ def new_hydra_heads(target, cfg) -> tuple[HydraHeads, dict]:
     unless ``own_lm_head``, its frozen LM head; and the settings that go into the run's fingerprint."""
     lm = target.get_output_embeddings()
     rank = cfg.get("rank") or None
+    rank = list(rank) if rank is not None and not isinstance(rank, int) else rank  # a list: one per head
     heads = HydraHeads(cfg.num_heads, cfg.num_layers, target.config.hidden_size,
                        lm.weight.shape[0] if cfg.own_lm_head else None, rank)
     if cfg.own_lm_head:
