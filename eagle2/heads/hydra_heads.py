@@ -18,7 +18,8 @@ default (the heads share the target's frozen LM head over a reduced draft vocabu
 Medusa heads do; ``vocab_size`` gives them their own).
 
 Format (ours; the authors' checkpoints also hold the prefix layer and are not read): ``config.json``
-(``hydra_num_heads``, ``hydra_num_layers``, ``hidden_size``, ``rank``, ``shared_lm_head``) and
+(``hydra_num_heads``, ``hydra_num_layers``, ``hidden_size``, ``rank`` (a number, a list or null),
+``shared_lm_head``) and
 ``hydra_heads.safetensors`` with keys ``{k}.0.linear.weight`` [H, H*(k+2)] + ``{k}.0.linear.bias``
 (full rank) or ``{k}.0.down.weight`` [r, H*(k+2)] + ``{k}.0.up.weight`` [H, r] + ``{k}.0.up.bias``,
 ``{k}.{l}.linear.*`` for the blocks l >= 1, ``{k}.{L}.weight`` for an own LM head; plus
