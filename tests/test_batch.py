@@ -22,8 +22,8 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from tests.conftest import shared_drafter_weights
 from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
-from tests.test_lossless_new_methods import GREEDY_METHODS
 from tests.test_hydra import tiny_hydra
+from tests.test_lossless_new_methods import GREEDY_METHODS
 from tests.test_medusa import tiny_medusa
 
 GREEDY = SamplingParams()
