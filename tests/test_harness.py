@@ -205,10 +205,7 @@ def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
 
 
 def test_equal_budgets_pairs_a_static_and_a_dynamic_tree_of_each_budget():
-    import ast
-
     from eagle2.core.tree import choice_paths
-
     from eagle2.results.store import config_hash
 
     cmds = commands("equal_budgets", [], None, None)

@@ -46,7 +46,7 @@ TARGET_KEYS = ("name", "source", "hub_id", "dtype", "attn_implementation", "temp
 # hashed only when not null (added later: configs without them keep their hash)
 TARGET_KEYS_WHEN_SET = ("path",)
 DATASET_KEYS, DATASET_KEYS_WHEN_SET = ("name", "path"), ("hub",)
-METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram")
+METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram", "max_num_draft")
 # switches added later, hashed only when on (with the keys that only they read): off hashes as before
 METHOD_SWITCHES = {"lookup_branch": ("lookup_k", "lookup_max_ngram", "lookup_min_ngram")}
 
