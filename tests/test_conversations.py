@@ -1,13 +1,13 @@
-"""The self-instruct two-turn conversation generator (``eagle2/training/conversations.py``) and its stages,
+"""The self-instruct two-turn conversation generator (``eagle2/training/corpora/conversations.py``) and its stages,
 on tiny random models and a character tokenizer (seconds); the SmolLM2 tokenizer for its template."""
 
 from __future__ import annotations
 
 import torch
 
-from eagle2.training.conversations import Dedup, generate_conversations, ngram_keys, sample_batch, user_header_ids
-from eagle2.training.corpus import answer_batch
-from eagle2.training.token_shards import read_token_shard
+from eagle2.training.corpora.conversations import generate_conversations, user_header_ids
+from eagle2.training.corpora.generate import answer_batch, sample_batch
+from eagle2.training.shards import Dedup, ngram_keys, read_token_shard
 from tests.conftest import tiny_llama
 
 SPECIAL = {2: "<|begin_of_text|>", 59: "<|start_header_id|>", 60: "<|end_header_id|>"}

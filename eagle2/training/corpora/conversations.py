@@ -1,7 +1,7 @@
 """Two-turn conversations written by the target itself (self-instruct), kept as token shards.
 
 Its job: a training corpus shaped like the benchmarks (MT-bench is two-turn) without their questions.
-Per batch of conversations, four batched decodes (left-padded, KV cache, as ``corpus.answer_batch``):
+Per batch of conversations, four batched decodes (``generate.sample_batch``):
 
 1. the first user turn: sampled (temperature ~1, top-p, seeded per batch) right after the chat
    template's user header, started with a category opener (writing, roleplay, reasoning, math, coding,
@@ -13,30 +13,26 @@ Per batch of conversations, four batched decodes (left-padded, KV cache, as ``co
 4. the target's greedy second answer.
 
 Filters: a user turn is dropped when it is too short, did not end within ``max_user_tokens``, or holds
-special tokens; and by ``Dedup``: when it shares any word n-gram (8 by default, words = lower-case
-``[a-z0-9]+`` runs; a turn shorter than n words: its whole normalised text) with any turn of the six
-benchmark sets (``all_benchmark_questions``), or when at least half of its n-grams were already seen in
-earlier kept user turns (near-duplicates among themselves; a second turn may repeat its own first).
+special tokens; and by ``shards.Dedup`` (benchmark n-grams, near-duplicates of earlier kept user turns; a
+second turn may repeat its own first).
 A dropped first turn drops the conversation; a dropped second turn keeps the first exchange alone.
-Counts of every drop are in each shard's ``meta``. Shards (``token_shards.py``) are written in batch
+Counts of every drop are in each shard's ``meta``. Token shards (``shards.py``) are written in batch
 order, one per batch, and resume after a kill (the dedup state is rebuilt from the shards written).
 Knows nothing of features or training.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
-from eagle2.training.corpus import left_padded
-from eagle2.training.token_shards import read_token_shard, write_token_shard
+from eagle2.training.corpora.generate import sample_batch
+from eagle2.training.shards import Dedup, read_token_shard, words, write_token_shard
 
 _SENTINEL = "\x00NEXT_USER_TURN\x00"
 
@@ -51,75 +47,6 @@ def user_header_ids(tokenizer, template: str, users: list[str], answers: list[st
     return tokenizer(text[: text.index(_SENTINEL)], add_special_tokens=template in ("vicuna", "llama2"))["input_ids"]
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, -1)
-    if top_p < 1:
-        sorted_p, order = probs.sort(-1, descending=True)
-        outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-@torch.no_grad()
-def sample_batch(model, prompts: list[list[int]], stops: set[int], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, pad_id: int = 0):
-    """Decode a left-padded batch; per row (new token ids, ended with a stop token?). Greedy at
-    ``temperature`` 0, else nucleus sampling from ``generator``."""
-    batch = len(prompts)
-    input_ids, mask, positions = left_padded(prompts, pad_id)
-    cache = new_cache(model)
-    last = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)[:, -1]
-    out, ended = [[] for _ in range(batch)], [False] * batch
-    for step in range(max_new_tokens):
-        nxt = _next_token(model.lm_head(last).float(), temperature, top_p, generator)
-        for row in range(batch):
-            if not ended[row]:
-                out[row].append(int(nxt[row]))
-                ended[row] = int(nxt[row]) in stops
-        if all(ended) or step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-        positions = positions[:, -1:] + 1
-        last = forward_target(model, nxt[:, None], cache, attention_mask=mask, position_ids=positions)[:, -1]
-    return list(zip(out, ended))
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def ngram_keys(text: str, n: int = 8) -> set[str]:
-    """The normalised word n-grams of ``text`` (its whole normalised text when shorter than n words)."""
-    words = _words(text)
-    if len(words) < n:
-        return {" ".join(words)} if words else set()
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
-
-
-class Dedup:
-    """Keeps benchmark questions and near-duplicates out: ``reason(text)`` is None or why it is dropped."""
-
-    def __init__(self, held_out: set[str], n: int = 8, near: float = 0.5):
-        self.n, self.near = n, near
-        self.held_out = set().union(*(ngram_keys(q, n) for q in held_out)) if held_out else set()
-        self.seen: set[str] = set()
-
-    def reason(self, text: str, allowed: set[str] = frozenset()) -> str | None:
-        keys = ngram_keys(text, self.n)
-        if keys & self.held_out:
-            return "benchmark"
-        if keys and len((keys & self.seen) - allowed) >= self.near * len(keys):
-            return "duplicate"
-        return None
-
-    def add(self, text: str) -> set[str]:
-        keys = ngram_keys(text, self.n)
-        self.seen |= keys
-        return keys
-
-
 def _user_turn(tokenizer, opener: str, new: list[int], ended: bool, stops: set[int], min_tokens: int) -> tuple:
     """(text, None) of a sampled user turn, or (None, why it is dropped)."""
     body = new[:-1] if ended else new
@@ -129,7 +56,7 @@ def _user_turn(tokenizer, opener: str, new: list[int], ended: bool, stops: set[i
     if any(t in special for t in body):
         return None, "special_tokens"
     text = (opener + tokenizer.decode(body, skip_special_tokens=True)).strip()
-    if len(body) < min_tokens or len(_words(text)) < 3:
+    if len(body) < min_tokens or len(words(text)) < 3:
         return None, "too_short"
     return text, None
 
@@ -237,7 +164,7 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
 def conversation_stats(folder: str | Path) -> dict:
     """Totals over a folder's token shards: conversations, two-turn ones, tokens, answer tokens, seconds,
     drops by reason and conversations by category."""
-    from eagle2.training.token_shards import token_shard_paths
+    from eagle2.training.shards import token_shard_paths
 
     totals: Counter = Counter()
     dropped: Counter = Counter()
