@@ -1,6 +1,6 @@
-"""Joint training (``eagle2/training/objectives/joint.py``): one target forward feeds the EAGLE and the EAGLE-3 head, and
-each head ends exactly where its own run on the same batches ends; the teacher-forced forward on a bf16 copy
-of the target's weights (tiny random targets, seconds)."""
+"""Joint training (``eagle2/training/objectives/joint.py``): one target forward feeds the EAGLE and the EAGLE-3
+head, and each head ends exactly where its own run on the same batches ends; the teacher-forced forward on a
+bf16 copy of the target's weights (tiny random targets, seconds)."""
 
 from __future__ import annotations
 

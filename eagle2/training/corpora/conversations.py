@@ -1,7 +1,7 @@
 """Two-turn conversations written by the target itself (self-instruct), kept as token shards.
 
 Its job: a training corpus shaped like the benchmarks (MT-bench is two-turn) without their questions.
-Per batch of conversations, four batched decodes (``generate.sample_batch``):
+Per batch of conversations, four batched decodes (``generate``; top-p as ``eagle2.core.sampling`` cuts it):
 
 1. the first user turn: sampled (temperature ~1, top-p, seeded per batch) right after the chat
    template's user header, started with a category opener (writing, roleplay, reasoning, math, coding,
@@ -31,7 +31,7 @@ import torch
 from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
-from eagle2.training.corpora.generate import sample_batch
+from eagle2.training.corpora.generate import generate
 from eagle2.training.shards import Dedup, read_token_shard, words, write_token_shard
 
 _SENTINEL = "\x00NEXT_USER_TURN\x00"
@@ -47,11 +47,12 @@ def user_header_ids(tokenizer, template: str, users: list[str], answers: list[st
     return tokenizer(text[: text.index(_SENTINEL)], add_special_tokens=template in ("vicuna", "llama2"))["input_ids"]
 
 
-def _user_turn(tokenizer, opener: str, new: list[int], ended: bool, stops: set[int], min_tokens: int) -> tuple:
+def _user_turn(tokenizer, opener: str, new: list[int], stops: set[int], min_tokens: int) -> tuple:
     """(text, None) of a sampled user turn, or (None, why it is dropped)."""
-    body = new[:-1] if ended else new
+    finished = bool(new) and new[-1] in stops  # (else cut at the token limit)
+    body = new[:-1] if finished else new
     special = set(getattr(tokenizer, "all_special_ids", ())) - stops
-    if not ended:
+    if not finished:
         return None, "too_long"
     if any(t in special for t in body):
         return None, "special_tokens"
@@ -72,15 +73,15 @@ def _conversation(p1, a1, p2, a2) -> tuple[list[int], list[tuple[int, int]]] | N
 def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups: list[str], dedup: Dedup, *,
                        template: str, system_prompt: str | None, generator: torch.Generator, stops: set[int],
                        max_user_tokens: int, min_user_tokens: int, max_answer_tokens: int, temperature: float,
-                       top_p: float, pad_id: int):
+                       top_p: float):
     """Conversations for ``rows`` of (category, first-turn opener): (conversations, their records, drop counts)."""
     dropped: Counter = Counter()
-    sample = dict(temperature=temperature, top_p=top_p, generator=generator, pad_id=pad_id)
+    sample = dict(temperature=temperature, top_p=top_p, generator=generator)
     header = user_header_ids(tokenizer, template, [], [], system_prompt)
     prompts = [header + tokenizer(o, add_special_tokens=False)["input_ids"] for _, o in rows]
     firsts = []  # (category, user text, its dedup keys)
-    for (cat, opener), (new, ended) in zip(rows, sample_batch(model, prompts, stops, max_user_tokens, **sample)):
-        text, why = _user_turn(tokenizer, opener, new, ended, stops, min_user_tokens)
+    for (cat, opener), new in zip(rows, generate(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, opener, new, stops, min_user_tokens)
         why = why or dedup.reason(text)
         if why:
             dropped[f"turn1_{why}"] += 1
@@ -89,14 +90,14 @@ def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups
     if not firsts:
         return [], [], dropped
     p1s = [encode_conversation(tokenizer, template, [u], [], system_prompt) for _, u, _ in firsts]
-    a1s = [new for new, _ in sample_batch(model, p1s, stops, max_answer_tokens, pad_id=pad_id)]
+    a1s = generate(model, p1s, stops, max_answer_tokens)
     a1_texts = [tokenizer.decode(a, skip_special_tokens=True) for a in a1s]
     openers = [follow_ups[int(i)] for i in torch.randint(len(follow_ups), (len(firsts),), generator=generator)]
     prompts = [user_header_ids(tokenizer, template, [u], [a], system_prompt) + tokenizer(o, add_special_tokens=False)[
         "input_ids"] for (_, u, _), a, o in zip(firsts, a1_texts, openers)]
     seconds = {}  # index into firsts -> second user text
-    for i, (new, ended) in enumerate(sample_batch(model, prompts, stops, max_user_tokens, **sample)):
-        text, why = _user_turn(tokenizer, openers[i], new, ended, stops, min_user_tokens)
+    for i, new in enumerate(generate(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, openers[i], new, stops, min_user_tokens)
         why = why or dedup.reason(text, allowed=firsts[i][2])
         if why:
             dropped[f"turn2_{why}"] += 1
@@ -106,8 +107,7 @@ def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups
     idx = sorted(seconds)
     p2s = [encode_conversation(tokenizer, template, [firsts[i][1], seconds[i]], [a1_texts[i]], system_prompt)
            for i in idx]
-    a2s = dict(zip(idx, (new for new, _ in sample_batch(model, p2s, stops, max_answer_tokens, pad_id=pad_id)))) \
-        if idx else {}
+    a2s = dict(zip(idx, generate(model, p2s, stops, max_answer_tokens))) if idx else {}
     convs, records = [], []
     for i, (cat, u1, _) in enumerate(firsts):
         two = _conversation(p1s[i], a1s[i], p2s[idx.index(i)], a2s[i]) if i in seconds else None
@@ -130,7 +130,6 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
     out.mkdir(parents=True, exist_ok=True)
     dedup = Dedup(all_benchmark_questions(benchmarks_dir), ngram, near_duplicate)
     stops = stop_ids(tokenizer, stop_tokens)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     names = sorted(categories)
     for b in range(n_batches):
         path = out / f"tokens_{b:05d}.npz"
@@ -148,7 +147,7 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
         convs, records, dropped = conversation_batch(
             model, tokenizer, rows, list(follow_ups), dedup, template=template, system_prompt=system_prompt,
             generator=gen, stops=stops, max_user_tokens=max_user_tokens, min_user_tokens=min_user_tokens,
-            max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p, pad_id=pad_id)
+            max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
         seconds = device_clock(model.device) - t0
         meta = {"batch": b, "seed": seed, "requested": batch_size, "conversations": records,
                 "dropped": dict(dropped), "seconds": round(seconds, 2), "ngram": ngram,

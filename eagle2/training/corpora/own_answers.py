@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle2.core.clock import device_clock
-from eagle2.training.corpora.generate import answer_greedily
+from eagle2.training.corpora.generate import generate
 from eagle2.training.shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
 
 
@@ -51,7 +51,7 @@ def answer_turns(target, segments: list[list[list[int]]], stops: set[int], *, ma
         for i in too_long:
             going[i] = False
         asked = [i for i in asked if going[i]]
-        answers = answer_greedily(target, [prompts[i] for i in asked], stops, max_new_tokens, batch_size)
+        answers = generate(target, [prompts[i] for i in asked], stops, max_new_tokens, batch_size=batch_size)
         for i, answer in zip(asked, answers):
             ids, spans = prompts[i] + answer, made[i][1] + [(len(prompts[i]), len(prompts[i]) + len(answer))]
             made[i] = (ids, spans) if answer else made[i]

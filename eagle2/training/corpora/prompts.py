@@ -2,10 +2,12 @@
 
 Prompts come from the files shipped in ``data/train`` (Alpaca and Code Alpaca instructions with ``input``
 appended when present; GSM8K train questions), minus every prompt whose text equals an evaluation question of
-the six benchmarks. Answers come from the target itself (``generate.answer_batch``: the batched engine, greedy
-or sampled), or, with ``answers``, are the dataset's own, read by the target under teacher forcing; either way
-the target's features of the whole sequence come from one teacher-forced forward (``features.py``) and are
-written as feature shards (``shards.py``) atomically, so a killed run resumes where it stopped.
+the six benchmarks. Answers come from the target itself (``generate``: the batched engine, greedy or sampled;
+a sampled corpus draws as ``eagle2.core.sampling`` does, not as the decoder this corpus had before, so its
+answers differ from an older build's while greedy ones are the same), or, with ``answers``, are the dataset's
+own; either way the target's features of the whole sequence come from one teacher-forced forward
+(``features.py``) and are written as feature shards (``shards.py``) atomically, so a killed run resumes where
+it stopped.
 ``mtbench_heldout`` is the same corpus over MT-bench first turns, answered greedily: the headline held-out set.
 """
 
@@ -22,7 +24,7 @@ from tqdm import tqdm
 from eagle2.core.features import LayerTap
 from eagle2.prompts.chat import encode_conversation, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
-from eagle2.training.corpora.generate import answer_batch
+from eagle2.training.corpora.generate import generate
 from eagle2.training.features import teacher_forced_batch
 from eagle2.training.shards import check_existing_taps, write_shard
 
@@ -108,13 +110,12 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, t
             path = out / f"shard_{b:05d}.safetensors"
             if path.exists():
                 continue
-            if answers is None:
-                gen = torch.Generator().manual_seed(seed * 100003 + b)
-                rows = answer_batch(model, [e[2] for e in batch], eos_ids, max_new_tokens, temperature, gen,
-                                    pad_id, tap)
-            else:
-                rows = teacher_forced_batch(model, [e[2] + e[3] for e in batch], [len(e[2]) for e in batch],
-                                            pad_id, tap)
+            prompt_ids = [e[2] for e in batch]
+            given = [e[3] for e in batch] if answers is not None else generate(
+                model, prompt_ids, eos_ids, max_new_tokens, temperature=temperature,
+                generator=torch.Generator().manual_seed(seed * 100003 + b))
+            rows = teacher_forced_batch(model, [p + a for p, a in zip(prompt_ids, given)],
+                                        [len(p) for p in prompt_ids], pad_id, tap)
             write_shard(path, rows, model.config.hidden_size, tap_layers)
             bar.update(1)
     bar.close()
