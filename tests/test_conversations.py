@@ -59,9 +59,11 @@ def test_the_corpus_decoder_is_greedy_decoding_and_samples_reproducibly():
     different lengths in one batch, stops kept); top-p near 0 is greedy; a seed reproduces a sampled batch."""
     target = tiny_llama(vocab=64, seed=3, scale=4.0)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [4], [8, 8, 2, 3]]
-    greedy = generate(target, prompts, {1}, 12, batch_size=3)
-    assert greedy == [greedy_loop(target, p, {1}, 12) for p in prompts]
-    assert generate(target, prompts, {1}, 12, temperature=1.0, top_p=1e-6, generator=torch.Generator()) == greedy
+    stop = {greedy_loop(target, prompts[0], set(), 12)[4]}  # a token the first answer reaches: its stop
+    greedy = generate(target, prompts, stop, 12, batch_size=3)
+    assert greedy == [greedy_loop(target, p, stop, 12) for p in prompts] and greedy[0][-1] in stop
+    assert generate(target, prompts, {1}, 12) == [greedy_loop(target, p, {1}, 12) for p in prompts]
+    assert generate(target, prompts, stop, 12, temperature=1.0, top_p=1e-6, generator=torch.Generator()) == greedy
     one = generate(target, prompts, {1}, 12, temperature=1.0, top_p=0.95, generator=torch.Generator().manual_seed(0))
     assert one == generate(target, prompts, {1}, 12, temperature=1.0, top_p=0.95,
                            generator=torch.Generator().manual_seed(0))
