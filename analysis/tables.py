@@ -104,9 +104,9 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
     frame = pd.DataFrame(cells)
     if published is not None and not published.empty:
         frame = pd.concat([frame, _paper_cells(frame, published)], ignore_index=True)
-        if two:  # the paper measured over its eager baseline
-            paper = frame.source == "paper"
-            frame.loc[paper, "speedup_eager"] = frame.speedup[paper]
+        paper = frame.source == "paper"
+        if two and paper.any():  # the paper measured over its eager baseline
+            frame.loc[paper, "speedup_eager"] = frame.speedup[paper].astype(float)
     frame = _with_means(frame, published)
     frame["order"] = [(method_rank(m), 1 if s == "paper" else 0) for m, s in zip(frame.method, frame.source)]
     frame = frame.sort_values(["model", "temperature", "order", "label"]).drop(columns="order")

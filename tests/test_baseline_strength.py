@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from analysis.metrics import load_rows, method_table
+from analysis.report import build_report
 from analysis.results_page import headline_table
 from analysis.tables import table1_frame, to_latex, to_markdown
 from eagle2.results.frames import baseline_rows, both_kinds, compiled
@@ -122,6 +123,14 @@ def test_table1_and_the_page_show_both_columns(tmp_path):
     assert "| method | turns | tokens/s | speedup over eager plain | over compiled plain | tau |" in page
     assert "| eagle2 [compiled] | 2 | 30.0 | 3.00x | 2.40x | 4.00 |" in page
     assert "| plain [eager] | 2 | 10.0 | 1.00x | 0.80x | 1.00 |" in page
+
+
+def test_the_report_writes_both_columns(tmp_path):
+    rep = build_report(store(tmp_path / "r", mixed_rows()), tmp_path / "o")  # the published table read too
+    assert not rep.errors, rep.errors
+    methods = (tmp_path / "o" / "methods.md").read_text()
+    assert "speedup_eager" in methods and "speedup_compiled" in methods and "eagle2 [compiled]" in methods
+    assert "over eager plain / over compiled plain" in (tmp_path / "o" / "table1.md").read_text()
 
 
 def test_a_missing_plain_kind_reads_no_baseline(tmp_path):
