@@ -10,7 +10,8 @@ row (``eagle2.bench.cost_profile.measure_verify``). Writes the rows, ``batch_sca
 the figure (``analysis.batch_scaling``) into ``--results``, and copies the PNG to ``--figure``.
 
 ``--per-row`` also runs every drafting method at each B > 1 with ``batch_drafting=false`` (each row drafts alone,
-the path before batched drafting) right after its batched run, into ``<results>/per_row``, and prints both
+the path before batched drafting) right after its batched run, into ``<results>-per_row`` (beside, not under:
+the scaling table reads ``--results`` recursively), and prints both
 throughputs side by side with the speedup over plain at that B.
 
     python -m experiments.bench.bench_batch --limit 8 --max-new-tokens 32 --threads 1
@@ -52,6 +53,11 @@ def cell_config(args, method: str, batch_size: int, questions: Path, results: Pa
             "logger=none", "dataset=mt_bench", f"dataset.path={questions}", f"dataset.limit={args.limit}",
             f"max_new_tokens={args.max_new_tokens}", f"threads={args.threads}", f"warmup_tokens={args.warmup}",
             f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *args.overrides])
+
+
+def per_row_results(results: Path) -> Path:
+    """Where ``--per-row`` cells go: beside ``results``, never under it (its tables read it recursively)."""
+    return results.with_name(results.name + "-per_row")
 
 
 def per_row_lines(table: pd.DataFrame, per_row: pd.DataFrame) -> str:
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             run(cell_config(args, method, batch_size, questions, results))
             if args.per_row and batch_size > 1 and method != "plain":  # the same B, the same load, right after
-                cfg = cell_config(args, method, batch_size, questions, results / "per_row")
+                cfg = cell_config(args, method, batch_size, questions, per_row_results(results))
                 cfg.batch_drafting = False
                 run(cfg)
     minutes = (time.time() - started) / 60
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.per_row:
         print("Batched against per-row drafting (the same cells, run back to back):\n")
-        print(per_row_lines(table, scaling_table(load_rows(results / "per_row"))))
+        print(per_row_lines(table, scaling_table(load_rows(per_row_results(results)))))
     if 1 in plain and top in plain:
         gain = plain[top] / plain[1]
         print(f"Batched plain throughput B={top} / B=1: {gain:.2f}x (goal >= 4x: {'met' if gain >= 4 else 'missed'}); "
