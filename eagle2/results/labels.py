@@ -1,11 +1,15 @@
 """Readable names for stored configs: each config's method settings, the name a config is shown under
 (``eagle2+lookup``, the oracle marked as a ceiling) and the label that tells apart configs of one method
-(``eagle2 (total_tokens=8, depth=3)``). Read from rows only; the report and the identity audit share them."""
+(``eagle2 (total_tokens=8, depth=3)``; ``eagle2 [compiled]`` / ``eagle2 [eager]`` when the rows hold both kinds of
+target forward, ``eagle2.results.frames.compiled``). Read from rows only; the report and the identity audit share
+them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from eagle2.results.frames import both_kinds, compiled
 
 
 def config_settings(rows: pd.DataFrame) -> pd.DataFrame:
@@ -44,7 +48,8 @@ def display_method(method: str, settings: dict) -> str:
 
 def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
     """config_hash -> a readable label: the method's display name (``display_method``), plus the method
-    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``)."""
+    settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``), plus
+    `` [compiled]`` or `` [eager]`` when ``rows`` hold both kinds (a folder of one kind keeps its labels)."""
     settings = config_settings(rows)
     settings["method"] = [display_method(m, r.to_dict()) for m, (_, r) in zip(settings.method, settings.iterrows())]
     labels = {}
@@ -54,6 +59,9 @@ def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
         for _, r in g.iterrows():
             extra = ", ".join(f"{c}={_plain_value(r[c])}" for c in varying)
             labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
+    if both_kinds(rows):
+        kind = dict(zip(rows.config_hash, compiled(rows)))
+        labels = {h: f"{label} [{'compiled' if kind[h] else 'eager'}]" for h, label in labels.items()}
     return labels
 
 

@@ -74,6 +74,8 @@ def config_hash(cfg) -> str:
     if int(resolved.get("batch_size") or 1) > 1:  # batch 1 keeps every existing hash
         picked["batch_size"] = int(resolved["batch_size"])
         picked["batch_refill"] = bool(resolved.get("batch_refill", True))
+        if not resolved.get("batch_drafting", True):  # rows drafting one after another; the default keeps hashes
+            picked["batch_drafting"] = False
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
