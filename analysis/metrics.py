@@ -3,7 +3,10 @@
 - tokens/s: decode tokens (tokens appended after the first, which prefill produces) over decode time;
 - tau: decode tokens per target forward (bonus included); plain decoding has tau = 1;
 - speedup: a method's tokens/s over plain decoding's on the SAME question turns, same model, dataset,
-  temperature and machine; without a plain baseline there is no speedup (NaN, flagged);
+  temperature and machine; without a plain baseline there is no speedup (NaN, flagged). Plain decoding
+  comes in two kinds, eager and compiled (the rows' ``compile``, ``eagle2.results.frames``): ``speedup`` is
+  over plain of the config's own kind (``baseline`` names it), ``speedup_eager`` and ``speedup_compiled``
+  over each (NaN where that plain has no rows); in a folder of one kind ``speedup`` is what it always was;
 - time breakdown: draft forwards, verify forwards, everything else (bookkeeping), per round summed;
 - per-position acceptance and calibration from the per-node records.
 """
@@ -15,7 +18,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eagle2.results.frames import GROUP, baseline_rows, iter_rows, load_rows  # noqa: F401 (analysis's own names too)
+from eagle2.results.frames import (  # noqa: F401 (analysis's own names too)
+    BASELINES,
+    GROUP,
+    baseline_rows,
+    both_kinds,
+    compiled,
+    iter_rows,
+    load_rows,
+)
 from eagle2.results.labels import ORACLE, _switched_on, config_settings, variant_labels  # noqa: F401 (same)
 from eagle2.results.store import is_row
 from eagle2.results.throughput import batch_throughput
@@ -48,13 +59,20 @@ def _round_mean(rounds_of_rows, key: str) -> float:
 
 
 def method_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (model, dataset, method, temperature, config): tokens/s, tau, speedup, time shares."""
+    """One line per (model, dataset, method, temperature, config): tokens/s, tau, speedup, time shares;
+    ``compiled`` (its kind), ``baseline`` (the plain ``speedup`` is over: ``eager`` or ``compiled``) and
+    ``speedup_eager`` / ``speedup_compiled`` (over each plain, with ``..._turns`` the turns they share)."""
     out = []
+    kinds = compiled(rows)
     for key, g in rows.groupby(GROUP, dropna=False):
         rec = dict(zip(GROUP, key))
         rec["dtype"] = g.dtype.iloc[0] if "dtype" in g else None  # in the hash: configs never mix dtypes
         rec.update(_aggregate(g))
         rec["speedup"], rec["baseline_turns"] = _speedup(g, baseline_rows(rows, g))
+        rec["compiled"] = bool(kinds[g.index].iloc[0])  # in the hash too: a config is of one kind
+        rec["baseline"] = BASELINES[rec["compiled"]]
+        for kind in BASELINES:
+            rec[f"speedup_{kind}"], rec[f"speedup_{kind}_turns"] = _speedup(g, baseline_rows(rows, g, kind))
         out.append(rec)
     return pd.DataFrame(out)
 

@@ -42,6 +42,7 @@ from analysis.metrics import (
     METHOD_COLUMNS,
     ORACLE,
     acceptance_by_rank,
+    both_kinds,
     calibration,
     expected_calibration_error,
     load_failures,
@@ -111,7 +112,11 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     table = with_cost_model(method_table(rows))
     table.insert(4, "label", table.config_hash.map(variant_labels(rows)))
     rep.csv(table, "methods.csv", "per config: tokens/s, speedup over plain, tau, time shares, cost-model prediction")
-    rep.text(table[[c for c in METHOD_COLUMNS if c in table]].to_markdown(index=False, floatfmt=".3f"), "methods.md",
+    shown = [c for c in METHOD_COLUMNS if c in table]
+    if both_kinds(rows):  # eager and compiled runs: each config's speedup over each plain, beside its own kind's
+        at = shown.index("speedup") + 1
+        shown[at:at] = ["baseline", "speedup_eager", "speedup_compiled"]
+    rep.text(table[shown].to_markdown(index=False, floatfmt=".3f"), "methods.md",
              "per config (markdown): tokens/s, speedup, the cost model's predicted speedup, tau, round split")
     if not (rows.method == "plain").any():
         rep.notes.append("no plain rows: every speedup reads 'no baseline'")

@@ -3,7 +3,8 @@
 The page is stamped with what makes its figures reproducible: the commit, the date, the machine (CPU kind as
 ``eagle2.core.cpu.cpu_kind`` names it, the CPU model and its bf16-relevant flags, the device), the dtype and
 kernels the rows record, and the exact command that produced the rows. Its table (per model, benchmark and
-temperature: every method's turns, tokens/s, speedup over plain decoding on the same turns, tau) sits between
+temperature: every method's turns, tokens/s, speedup over plain decoding on the same turns, tau; with eager and
+compiled runs both, per dtype too, a speedup over eager plain and one over compiled plain) sits between
 ``<!-- headline:begin -->`` and ``<!-- headline:end -->``; ``python -m analysis.status`` copies that block
 into README.md, so every figure there has this page as its source. Rows over several benchmarks also get
 the paper's Table 1 layout (``analysis.tables``: speedup / tau per benchmark and their mean, the paper's
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.metrics import method_table, variant_labels
+from analysis.metrics import both_kinds, method_table, variant_labels
 from analysis.tables import load_published, table1_frame, title, to_markdown
 from eagle2.core.cpu import cpu_kind
 from eagle2.registry import method_rank
@@ -67,20 +68,28 @@ def _weights(rows: pd.DataFrame) -> str:
 
 
 def headline_table(rows: pd.DataFrame) -> str:
-    """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown)."""
+    """Per model, benchmark, temperature and token limit: method, turns, tokens/s, speedup, tau (markdown).
+    Rows of eager and compiled runs both: per dtype too, and two speedups, over eager and over compiled plain
+    (plain's own rows then show the one plain over the other); the labels carry the kind."""
     limits = rows.groupby("config_hash").max_new_tokens.max() if "max_new_tokens" in rows else pd.Series(dtype=int)
     table = method_table(rows).assign(limit=lambda t: t.config_hash.map(limits).fillna(-1).astype(int))
-    labels = variant_labels(rows)
+    labels, two = variant_labels(rows), both_kinds(rows)
+    keys = ["model", "dataset", "temperature", "limit"] + (["dtype"] if two else [])
+    speeds = ["speedup_eager", "speedup_compiled"] if two else ["speedup"]
+    heads = "speedup over eager plain | over compiled plain" if two else "speedup"
     out = []
-    for (model, dataset, temperature, limit), g in table.groupby(["model", "dataset", "temperature", "limit"]):
+    for key, g in table.groupby(keys):
+        (model, dataset, temperature, limit), dtype = key[:4], (f", {key[4]}" if two else "")
         tokens = f", at most {limit} new tokens" if limit >= 0 else ""
-        out += [f"{model}, {title(dataset)}, temperature {temperature:g}{tokens}:", "",
-                "| method | turns | tokens/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
-        g = g.assign(rank=g.method.map(method_rank)).sort_values(["rank", "method", "config_hash"])
-        many = g.method.duplicated(keep=False)
-        for r, several in zip(g.itertuples(), many):  # several configs of one method: what differs names them
-            name = f"{labels.get(r.config_hash, r.method)} ({r.config_hash})" if several else r.method
-            speed = f"{r.speedup:.2f}x" if r.speedup == r.speedup else "no baseline"
+        out += [f"{model}, {title(dataset)}, temperature {temperature:g}{tokens}{dtype}:", "",
+                f"| method | turns | tokens/s | {heads} | tau |", "|---|---:|---:|" + "---:|" * len(speeds) + "---:|"]
+        g = g.assign(rank=g.method.map(method_rank)).sort_values(["rank", "method", "compiled", "config_hash"])
+        # several configs under one name: what differs names them (with both kinds, the label says the kind)
+        names = g.config_hash.map(labels).fillna(g.method) if two else g.method
+        many = names.duplicated(keep=False) if two else g.method.duplicated(keep=False)
+        for r, several, shown in zip(g.itertuples(), many, names):
+            name = f"{labels.get(r.config_hash, r.method)} ({r.config_hash})" if several else shown
+            speed = " | ".join(f"{v:.2f}x" if v == v else "no baseline" for v in (getattr(r, c) for c in speeds))
             out.append(f"| {name} | {r.turns} | {r.tokens_per_s:.1f} | {speed} | {r.tau:.2f} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

@@ -1,6 +1,11 @@
 """Table 1 of the EAGLE-2 paper from our rows: speedup / tau per method x benchmark, plus a Mean column,
 grouped by model and temperature, with the published numbers beside ours where the model matches.
 
+When the rows hold eager and compiled runs both (``experiment=baseline_strength``), every cell carries two
+speedups, over eager plain decoding and over compiled plain decoding (``analysis.metrics``), the labels say
+which kind each config is, and plain decoding itself is a row (its speedup over the other plain); rows of one
+kind give the tables they always gave.
+
 The oracle (``method=oracle``, a tau ceiling whose speed is no method's) is not a Table 1 row:
 ``oracle_markdown`` lays out each method's tau as a share of the oracle's (``metrics.oracle_efficiency``).
 
@@ -18,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import ORACLE, method_table, variant_labels
+from analysis.metrics import ORACLE, both_kinds, method_table, variant_labels
 from eagle2.registry import benchmark, known_benchmarks, method_rank
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "eagle2_table1.tsv"
@@ -26,6 +31,7 @@ PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B",
 PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
 COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash",
            "dtype"]
+BOTH = ["speedup_eager", "speedup_compiled"]  # with eager and compiled rows both: over each plain
 
 
 def title(dataset: str) -> str:
@@ -64,17 +70,21 @@ def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
 def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(cells, notes). One line per (model, temperature, row label, dataset incl. 'mean') with speedup and tau.
 
-    Ours come from ``method_table`` (plain is the baseline, not a row). When one label has several configs on a
-    benchmark (say, different token limits) the one with the most turns is shown and the others are noted.
-    A missing plain baseline leaves speedup NaN. Mean: over the benchmarks shown in that model/temperature.
+    Ours come from ``method_table`` (plain is the baseline, not a row, unless the rows hold eager and compiled
+    runs: then plain of each kind is a row and ``BOTH`` columns hold the speedups over each plain). When one
+    label has several configs on a benchmark (say, different token limits) the one with the most turns is shown
+    and the others are noted. A missing plain baseline leaves speedup NaN. Mean: over the benchmarks shown in
+    that model/temperature.
     """
     notes: list[str] = []
+    two = not rows.empty and both_kinds(rows)
+    columns = COLUMNS + BOTH if two else COLUMNS
     if rows.empty:
-        return pd.DataFrame(columns=COLUMNS), notes
+        return pd.DataFrame(columns=columns), notes
     table = method_table(rows)
-    table = table[~table.method.isin(["plain", ORACLE])].copy()  # the oracle's tau ceiling: oracle_markdown
+    table = table[~table.method.isin([ORACLE] if two else ["plain", ORACLE])].copy()  # the oracle: oracle_markdown
     if table.empty:
-        return pd.DataFrame(columns=COLUMNS), notes
+        return pd.DataFrame(columns=columns), notes
     table["label"] = table.config_hash.map(variant_labels(rows))
     mixed = table.groupby(["model", "temperature"]).dtype.transform("nunique") > 1
     table.loc[mixed, "label"] = table.label[mixed] + " (" + table.dtype[mixed].astype(str) + ")"  # never merged
@@ -89,14 +99,18 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
     table = table.drop_duplicates(keys, keep="first")
     cells = [{"model": r.model, "temperature": float(r.temperature), "label": r.label, "method": r.method,
               "source": "ours", "dataset": r.dataset, "speedup": r.speedup, "tau": r.tau, "turns": int(r.turns),
-              "config_hash": r.config_hash, "dtype": r.dtype} for r in table.itertuples()]
+              "config_hash": r.config_hash, "dtype": r.dtype, **{c: getattr(r, c) for c in BOTH if two}}
+             for r in table.itertuples()]
     frame = pd.DataFrame(cells)
     if published is not None and not published.empty:
         frame = pd.concat([frame, _paper_cells(frame, published)], ignore_index=True)
+        paper = frame.source == "paper"
+        if two and paper.any():  # the paper measured over its eager baseline
+            frame.loc[paper, "speedup_eager"] = frame.speedup[paper].astype(float)
     frame = _with_means(frame, published)
     frame["order"] = [(method_rank(m), 1 if s == "paper" else 0) for m, s in zip(frame.method, frame.source)]
     frame = frame.sort_values(["model", "temperature", "order", "label"]).drop(columns="order")
-    return frame.reset_index(drop=True)[COLUMNS], notes
+    return frame.reset_index(drop=True)[columns], notes
 
 
 def _paper_cells(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
@@ -124,12 +138,13 @@ def _with_means(frame: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataF
             cells = lg[lg.dataset.isin(shown)]
             first = lg.iloc[0]
             speedup, tau = cells.speedup.mean(skipna=False), cells.tau.mean()
+            both = {c: cells[c].mean(skipna=False) for c in BOTH if c in cells}
             if first.source == "paper" and published is not None and shown == set(known_benchmarks()):
                 paper = published[(published.model == PAPER_MODELS[model]) & (published.temperature == temp)
                                   & (published.method == PAPER_METHODS[first.method]) & (published.dataset == "mean")]
                 if not paper.empty:  # the paper's own Mean column
                     speedup, tau = float(paper.speedup.iloc[0]), float(paper.tau.iloc[0])
-            means.append({**first.to_dict(), "dataset": "mean", "speedup": speedup, "tau": tau,
+            means.append({**first.to_dict(), "dataset": "mean", "speedup": speedup, "tau": tau, **both,
                           "turns": int(cells.turns.sum()), "config_hash": None})
     return pd.concat([frame, pd.DataFrame(means, columns=frame.columns)], ignore_index=True)
 
@@ -147,13 +162,20 @@ def fmt_tau(value: float) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
 
+def _speedup_columns(frame: pd.DataFrame) -> list[str]:
+    """The speedups a cell shows: over eager and over compiled plain when the frame has both, else one."""
+    return BOTH if all(c in frame for c in BOTH) else ["speedup"]
+
+
 def _grid(frame: pd.DataFrame, columns: list[str]):
-    """(model, temperature, [(label, {dataset: (speedup, tau)})]) per group, rows in table order."""
+    """(model, temperature, [(label, {dataset: (speedup, ..., tau)})]) per group, rows in table order; a cell
+    holds the frame's ``_speedup_columns``, then tau."""
+    values = [*_speedup_columns(frame), "tau"]
     for (model, temp), g in frame.groupby(["model", "temperature"], sort=False):
         lines = []
         for label in dict.fromkeys(g.label):
             cells = g[g.label == label].set_index("dataset")
-            lines.append((label, {d: (cells.speedup[d], cells.tau[d]) if d in cells.index else None
+            lines.append((label, {d: tuple(cells[v][d] for v in values) if d in cells.index else None
                                   for d in columns}))
         yield model, temp, lines
 
@@ -163,13 +185,17 @@ def to_markdown(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "No method other than plain has rows: nothing to tabulate.\n"
     columns = _datasets_shown(frame)
-    parts = ["Cells: speedup over plain decoding on the same question turns / tau (tokens per target forward). "
+    cell = ("speedup over eager plain / over compiled plain" if len(_speedup_columns(frame)) == 2 else
+            "speedup over plain decoding")
+    parts = [f"Cells: {cell} on the same question turns / tau (tokens per target forward). "
              "Mean: over the benchmarks shown. 'no baseline': no plain rows for that model, benchmark, "
              "temperature, dtype, seed, token limit and batch size sharing its question turns (summary.md names "
-             "the missing baseline). A method label carries its dtype when the rows hold several.\n"]
+             "the missing baseline). A method label carries its dtype when the rows hold several"
+             + (", and its kind of target forward ([eager] or [compiled]; plain rows: the one plain over the "
+                "other)" if len(_speedup_columns(frame)) == 2 else "") + ".\n"]
     for model, temp, lines in _grid(frame, columns):
-        body = [[label] + [("—" if c is None else f"{fmt_speedup(c[0])} / {fmt_tau(c[1])}") for c in cells.values()]
-                for label, cells in lines]
+        body = [[label] + [("—" if c is None else " / ".join([*map(fmt_speedup, c[:-1]), fmt_tau(c[-1])]))
+                           for c in cells.values()] for label, cells in lines]
         head = ["Method"] + [title(d) for d in columns]
         parts.append(f"### {model}, temperature {temp:g}\n\n" + pd.DataFrame(body, columns=head).to_markdown(
             index=False) + "\n")
@@ -187,22 +213,24 @@ def to_latex(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "% No method other than plain has rows: nothing to tabulate.\n"
     columns = _datasets_shown(frame)
-    width = 1 + 2 * len(columns)
+    per = len(_speedup_columns(frame)) + 1  # sub-columns per benchmark: the speedup(s), then tau
+    heads = r"Speedup & $\tau$" if per == 2 else r"over eager & over compiled & $\tau$"
+    width = 1 + per * len(columns)
     lines = [r"% Table 1 (generated by analysis.report). Needs \usepackage{booktabs}.",
-             r"\begin{tabular}{l" + " rr" * len(columns) + "}", r"\toprule",
-             " & " + " & ".join(rf"\multicolumn{{2}}{{c}}{{{_tex(title(d))}}}" for d in columns) + r" \\",
-             " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
-             "Method & " + " & ".join([r"Speedup & $\tau$"] * len(columns)) + r" \\", r"\midrule"]
+             r"\begin{tabular}{l" + (" " + "r" * per) * len(columns) + "}", r"\toprule",
+             " & " + " & ".join(rf"\multicolumn{{{per}}}{{c}}{{{_tex(title(d))}}}" for d in columns) + r" \\",
+             " ".join(rf"\cmidrule(lr){{{2 + per * i}-{1 + per * (i + 1)}}}" for i in range(len(columns))),
+             "Method & " + " & ".join([heads] * len(columns)) + r" \\", r"\midrule"]
     for model, temp, rows in _grid(frame, columns):
         lines.append(rf"\multicolumn{{{width}}}{{l}}{{\textit{{{_tex(model)}, temperature {temp:g}}}}} \\")
         for label, cells in rows:
             values = []
             for c in cells.values():
                 if c is None:
-                    values += ["--", "--"]
+                    values += ["--"] * per
                 else:
-                    sp = "n/b" if np.isnan(c[0]) else f"{c[0]:.2f}" + r"$\times$"
-                    values += [sp, fmt_tau(c[1])]
+                    values += ["n/b" if np.isnan(sp) else f"{sp:.2f}" + r"$\times$" for sp in c[:-1]]
+                    values.append(fmt_tau(c[-1]))
             lines.append(_tex(label) + " & " + " & ".join(values) + r" \\")
         lines.append(r"\midrule")
     lines[-1] = r"\bottomrule"

@@ -46,7 +46,7 @@ def main() -> None:
 
     from safetensors.torch import save_file
 
-    from eagle2.training.train import train_head
+    from eagle2.training.objectives.eagle import train_head
     from tests.test_training import tiny_target
 
     def crash(step, stats):

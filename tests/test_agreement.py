@@ -20,10 +20,10 @@ from eagle2.training.agreement import (
     chain_summary,
     counted_positions,
 )
-from eagle2.training.corpus import build_corpus
+from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import load_sequences, split_shards
-from eagle2.training.evaluate import evaluate_eagle3_head, evaluate_head
-from eagle2.training.train import train_eagle3_head, train_head
+from eagle2.training.objectives.eagle import evaluate_head, train_head
+from eagle2.training.objectives.eagle3 import evaluate_eagle3_head, train_eagle3_head
 from tests.test_training import PROMPTS, ByteTokenizer, head_cfg, tiny_target
 
 

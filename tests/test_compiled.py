@@ -2,7 +2,8 @@
 
 - The lean static-shape forward (not compiled: fast) is token-identical to the eager transformers forward
   for every method on tiny fp32 models, trees padded to buckets, EAGLE-3's tapped layers included.
-- The same through ``torch.compile`` (inductor) on a tiny target: plain, a padded tree, SpS.
+- The same through ``torch.compile`` (inductor) on a tiny target: plain, a padded tree, SpS (its draft model
+  compiled too).
 - The exact certification round (``test_certification_exact``) on the compiled target: one real round's
   every outcome enumerated, against the target's exact joint distribution.
 - Slow: the compiled SmolLM2 in fp32 token-identical to eager plain decoding for every method on the
@@ -69,6 +70,32 @@ def test_compiled_equals_eager_on_tiny(compiled_tiny, name):
     for prompt in PROMPTS:
         eager = decode(target, {"name": "plain"}, prompt, 24).output_ids
         assert decode(compiled, method, prompt, 24, head=head, draft=draft).output_ids == eager, (name, prompt)
+
+
+def test_sps_draft_on_the_compiled_path_equals_eager(compiled_tiny):
+    """SpS with its draft model compiled too (``compile_choice.prepare`` attaches a draft language model)."""
+    compiled, target, draft, head = compiled_tiny
+    compiled_draft = with_path(draft, compile=True)
+    for prompt in PROMPTS:
+        eager = decode(target, SPEC_METHODS["sps"], prompt, 24, draft=draft)
+        ours = decode(compiled, SPEC_METHODS["sps"], prompt, 24, draft=compiled_draft)
+        assert ours.output_ids == eager.output_ids and ours.accept_lengths == eager.accept_lengths, prompt
+
+
+def test_prepare_compiles_the_target_and_a_draft_model_not_a_head(tiny, monkeypatch):
+    from eagle2.core import compiled
+
+    target, draft, head = tiny
+    attached = []
+
+    class Warm:
+        def warm_up(self):
+            return 1.5
+
+    monkeypatch.setattr(compiled, "attach", lambda model: attached.append(model) or Warm())
+    cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 1})
+    assert compile_choice.prepare(cfg, target, {"sps_draft": draft, "head": head}) == 3.0
+    assert attached == [target, draft]
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,15 @@
-"""The self-instruct two-turn conversation generator (``eagle2/training/conversations.py``) and its stages,
+"""The self-instruct two-turn conversation generator (``eagle2/training/corpora/conversations.py``) and its stages,
 on tiny random models and a character tokenizer (seconds); the SmolLM2 tokenizer for its template."""
 
 from __future__ import annotations
 
 import torch
 
-from eagle2.training.conversations import Dedup, generate_conversations, ngram_keys, sample_batch, user_header_ids
-from eagle2.training.corpus import answer_batch
-from eagle2.training.token_shards import read_token_shard
+from eagle2.training.corpora.conversations import generate_conversations, user_header_ids
+from eagle2.training.corpora.generate import generate
+from eagle2.training.corpora.prompts import build_corpus
+from eagle2.training.data import shard_sequences
+from eagle2.training.shards import Dedup, ngram_keys, read_shards, read_token_shard
 from tests.conftest import tiny_llama
 
 SPECIAL = {2: "<|begin_of_text|>", 59: "<|start_header_id|>", 60: "<|end_header_id|>"}
@@ -41,19 +43,45 @@ class CharTokenizer:
         return "".join("" if (i == 1 and skip_special_tokens) else self.words.get(i, chars.get(i, "")) for i in ids)
 
 
-def test_sample_batch_greedy_matches_answer_batch_and_top_p_zero_is_greedy():
+def greedy_loop(target, prompt: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding, one full forward per token, no cache, no batch: the reference."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            ids.append(int(target(torch.tensor([ids])).logits[0, -1].argmax()))
+            if ids[-1] in stops:
+                break
+    return ids[len(prompt):]
+
+
+def test_the_corpus_decoder_is_greedy_decoding_and_samples_reproducibly():
+    """``generate`` (every corpus's batched decoder) at temperature 0 is a plain greedy loop per prompt (rows of
+    different lengths in one batch, stops kept); top-p near 0 is greedy; a seed reproduces a sampled batch."""
     target = tiny_llama(vocab=64, seed=3, scale=4.0)
-    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [4]]
-    greedy = sample_batch(target, prompts, {1}, 12, pad_id=0)
-    ref = answer_batch(target, prompts, {1}, 12, 0.0, torch.Generator(), 0)
-    assert [new for new, _ in greedy] == [ids[len(p):] for (ids, _, _), p in zip(ref, prompts)]
-    nucleus = sample_batch(target, prompts, {1}, 12, temperature=1.0, top_p=1e-6, generator=torch.Generator(), pad_id=0)
-    assert nucleus == greedy
-    one = sample_batch(target, prompts, {1}, 12, temperature=1.0, top_p=0.95,
-                       generator=torch.Generator().manual_seed(0))
-    assert one == sample_batch(target, prompts, {1}, 12, temperature=1.0, top_p=0.95,
-                               generator=torch.Generator().manual_seed(0))
-    assert all(len(new) <= 12 and (ended == (new[-1] == 1)) for new, ended in one)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [4], [8, 8, 2, 3]]
+    stop = {greedy_loop(target, prompts[0], set(), 12)[4]}  # a token the first answer reaches: its stop
+    greedy = generate(target, prompts, stop, 12, batch_size=3)
+    assert greedy == [greedy_loop(target, p, stop, 12) for p in prompts] and greedy[0][-1] in stop
+    assert generate(target, prompts, {1}, 12) == [greedy_loop(target, p, {1}, 12) for p in prompts]
+    assert generate(target, prompts, stop, 12, temperature=1.0, top_p=1e-6, generator=torch.Generator()) == greedy
+    one = generate(target, prompts, {1}, 12, temperature=1.0, top_p=0.95, generator=torch.Generator().manual_seed(0))
+    assert one == generate(target, prompts, {1}, 12, temperature=1.0, top_p=0.95,
+                           generator=torch.Generator().manual_seed(0))
+    assert all(len(new) <= 12 and 1 not in new[:-1] for new in one)
+
+
+def test_a_greedy_corpus_answer_is_the_plain_greedy_loop(tmp_path):
+    """The prompts corpus (``build_corpus``) stores, after each prompt, exactly a plain greedy loop's answer."""
+    from tests.test_training import PROMPTS, ByteTokenizer, tiny_target
+
+    target, tok = tiny_target(), ByteTokenizer()
+    build_corpus(target, tok, PROMPTS[:5], tmp_path, template="vicuna", system_prompt="S", batch_size=3,
+                 max_new_tokens=10, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1, seed=0)
+    rows = [seq for shard in read_shards(tmp_path) for seq in shard_sequences(shard)]
+    assert len(rows) == 5
+    for seq in rows:
+        prompt = seq.tokens[:seq.start].tolist()
+        assert seq.tokens[seq.start:].tolist() == greedy_loop(target, prompt, set(), 10)
 
 
 def test_dedup_drops_benchmark_overlap_and_near_duplicates():

@@ -176,3 +176,37 @@ def test_the_drafter_takes_the_harness_profile_and_runs_no_target_forward(tiny, 
     cfg.profile_dir = str(tmp_path)
     with_harness = build_drafter(cfg, target, SamplingParams(), None, head=head)  # the harness measures it
     assert len(with_harness.profile.verify_s) == 5 and len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_rest_auto_budget_keeps_the_most_frequent_nodes_the_profile_pays_for(tiny, tmp_path, monkeypatch):
+    """REST's ``num_draft=auto``: the harness measures a head-less profile (its own cached file), and each round
+    keeps the m most frequent retrieved nodes (ancestor-closed) that the profile says pay; greedy output stays
+    plain decoding's."""
+    from tests.conftest import shared_rest_datastore
+    from tests.test_greedy import decode
+
+    target, _ = tiny
+    monkeypatch.setattr(cp, "probe_t1", lambda *a, **k: (1.0, 0.0))
+    key = cp.profile_key(target, None, {"method": "rest"}, 1, 0, 256, 17)
+    (tmp_path / f"{key}.json").write_text(json.dumps(  # verifying more than 3 tokens is very expensive
+        {"verify_s": [1.0, 1.01, 1.02] + [50.0] * 14, "draft_s": [0.01], "context": 256, "meta": {}}))
+    method = {"name": "rest", "max_span": 16, "min_span": 1, "max_matches": 5000, "continuation": 10,
+              "num_draft": "auto", "max_num_draft": 16, "profile_dir": str(tmp_path)}
+    weights = {"rest_datastore": shared_rest_datastore(target)}
+    drafter = build_drafter(OmegaConf.create(method), target, SamplingParams(), None, weights=weights)
+    assert drafter.profile.verify_s[3] == 50.0 and drafter.settings.num_draft == 16  # the cached file, the cap
+    out = engine.generate(target, drafter, [2, 5, 3], SamplingParams(), 40, set())
+    rounds = [r.record() for r in out.rounds if r.record().get("budget_mode") == "auto"]
+    assert rounds and all(1 <= r["tree_size"] - 1 <= 2 for r in rounds)  # the profile pays for 1-2 nodes
+    fixed = decode(target, {**method, "num_draft": 16, "profile_dir": None}, [2, 5, 3], 40)
+    assert out.output_ids == fixed.output_ids == decode(target, {"name": "plain"}, [2, 5, 3], 40).output_ids
+    assert max(r.record()["tree_size"] for r in fixed.rounds) > 3  # without the budget it verifies more
+
+
+def test_rest_best_budget_keeps_parents_of_tied_children():
+    """A child as frequent as its parent: the kept set still holds the parent (count, then depth order)."""
+    from eagle2.drafters.rest import RestDrafter, RestSettings
+
+    drafter = RestDrafter(None, RestSettings(), profile([1.0, 1.0, 1.0, 50.0, 50.0]))
+    paths, counts, meta = drafter._best_budget([(4,), (4, 7), (5,), (4, 7, 1)], [6, 6, 2, 1], total=8)
+    assert paths == [(4,), (4, 7)] and counts == [6, 6] and meta["budget_mode"] == "auto"

@@ -10,7 +10,7 @@ from eagle2.bench.validation import QuestionFileError
 from eagle2.prompts.chat import render
 from eagle2.prompts.questions import PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
 from eagle2.registry import known_benchmarks
-from eagle2.training.corpus import training_prompts
+from eagle2.training.corpora.prompts import training_prompts
 
 
 @pytest.mark.parametrize("name", known_benchmarks())
@@ -65,7 +65,7 @@ def test_training_files_ship_gzip_compressed_and_read_as_plain(tmp_path):
     plain name whose file exists only compressed (an older config's value) reads the compressed file."""
     import gzip
 
-    from eagle2.training.corpus import training_records
+    from eagle2.training.corpora.prompts import training_records
 
     train = PROJECT_ROOT / "data" / "train"
     assert sorted(p.name for p in train.iterdir()) == ["alpaca_5000.json.gz", "code_alpaca_2k.json.gz",

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle2.training.corpus import build_corpus
+from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import train_val_sequences
 from eagle2.training.loop import Trainer, WorldSizeMismatch
-from eagle2.training.train import head_setup, train_head
+from eagle2.training.objectives.eagle import head_setup, train_head
 from tests.ddp_script import ddp_cfg
 from tests.test_training import ByteTokenizer, tiny_target, train_losses
 

@@ -10,10 +10,10 @@ import torch
 
 from eagle2.core.features import eagle3_layers
 from eagle2.heads.eagle3_head import load_eagle3_head, save_eagle3_head
-from eagle2.training.corpus import build_corpus, read_shards
+from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import all_sequences
-from eagle2.training.evaluate import evaluate_eagle3_head
-from eagle2.training.train import draft_vocabulary_ids, train_eagle3_head
+from eagle2.training.objectives.eagle3 import draft_vocabulary_ids, evaluate_eagle3_head, train_eagle3_head
+from eagle2.training.shards import read_shards
 from tests.test_training import (
     PROMPTS,
     ByteTokenizer,

@@ -34,7 +34,9 @@ def test_audits_run_in_their_model_configs_dtype(tmp_path, monkeypatch):
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "_base.yaml").write_text("dtype: float16\n")
     (tmp_path / "conf" / "model" / "bf16model.yaml").write_text("dtype: bfloat16\n")
-    monkeypatch.setattr(gs, "ROOT", tmp_path)
+    from experiments.ops.gpu_check import models as gm
+
+    monkeypatch.setattr(gm, "ROOT", tmp_path)  # the model configs are read where the models are built
     assert gs.config_dtype("bf16model") == torch.bfloat16  # where a config says bf16, bf16
 
 
@@ -127,3 +129,29 @@ def test_the_half_target_keeps_float32_rotary_tables():
     assert tables and all(b.dtype == torch.float32 for b in tables.values())
     assert all(torch.equal(b, dict(reference.named_buffers())[n]) for n, b in tables.items())
     assert twin.model.embed_tokens.weight.dtype == torch.float16 and twin.successor is reference.successor
+
+
+def test_cuda_graphs_stage_checks_the_static_path_on_a_cpu():
+    """On a CPU the stage runs the static path (uncompiled) against eager for plain and EAGLE-2 and says the
+    graphs were skipped; a static path whose padding leaks into real rows makes it fail."""
+    rows: list[dict] = []
+    gs.run_stage("cuda_graphs", gs.scale_for("cpu"), gs.row_writer(None, rows))
+    assert [r["case"].split(",")[0] for r in rows] == ["plain", "eagle2"]
+    assert all(r["status"] == "ok" and r["identical"] and r["graphs"].startswith("skipped") for r in rows), rows
+    assert rows[1]["rounds"] < rows[0]["rounds"]  # EAGLE-2 accepted drafts on the planted target
+
+
+def test_cuda_graphs_stage_fails_on_a_broken_static_path(monkeypatch):
+    """The static cache keeps the first nodes of a round instead of the accepted path: EAGLE-2 diverges (in 2 of
+    these 6 prompts: the planted target's greedy tokens lean little on the context)."""
+    from eagle2.core import compiled
+
+    real = compiled.StaticKV.keep
+    monkeypatch.setattr(compiled.StaticKV, "keep",
+                        lambda self, prefix, nodes: real(self, prefix, list(range(len(nodes)))))
+    import dataclasses
+
+    rows: list[dict] = []
+    longer = dataclasses.replace(gs.scale_for("cpu"), prompts=6, new_tokens=64)  # the planted target's greedy
+    gs.run_stage("cuda_graphs", longer, gs.row_writer(None, rows))  # tokens lean little on the context: longer
+    assert [r["status"] for r in rows] == ["ok", "failed"], rows  # plain keeps no tree; EAGLE-2 does

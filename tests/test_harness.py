@@ -205,15 +205,21 @@ def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
 
 
 def test_equal_budgets_pairs_a_static_and_a_dynamic_tree_of_each_budget():
-    import ast
-
     from eagle2.core.tree import choice_paths
+    from eagle2.results.store import config_hash
 
     cmds = commands("equal_budgets", [], None, None)
     assert len(cmds) == 3
-    static = next(c for c in cmds[1] if c.startswith("method.choices="))
-    paths = ast.literal_eval(static.split("=", 1)[1])
+    static_run = [c for c in cmds[1][3:] if not c.startswith("hydra.")]  # the run's own overrides
+    cfg = compose_cfg(*static_run)
+    paths = [list(p) for p in OmegaConf.to_container(cfg, resolve=True)["method"]["choices"]]
     assert len(choice_paths(paths)) == 60  # a valid tree (parents first) of 60 drafted nodes
+    base = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "_base.yaml").mc_sim_7b_63)
+    assert paths == base[:60]  # the first 60 nodes of mc_sim_7b_63
+    literal = "[" + ",".join("[" + ",".join(map(str, p)) + "]" for p in base[:60]) + "]"
+    spelled_out = compose_cfg(*[f"method.choices={literal}" if c.startswith("method.choices=") else c
+                                for c in static_run])
+    assert config_hash(cfg) == config_hash(spelled_out)  # results written before the YAML held it keep their hash
     assert "model.eagle2.total_tokens=60" in cmds[2] and all("model.dtype=float32" in c for c in cmds[1:])
     grid = OmegaConf.to_container(compose_cfg("experiment=equal_budgets", hydra_cfg=True).hydra.sweeper.params)
     assert grid["model.eagle2.total_tokens"] == "25" and grid["model.dtype"] == "float32"

@@ -243,10 +243,10 @@ def test_hydra_negative_control_is_rejected_exactly(exact, with_hydra, control):
 
 def test_training_lowers_the_loss_and_ranks_read_the_true_path(tmp_path):
     from eagle2.training.data import collate
-    from eagle2.training.hydra import new_hydra_heads
     from eagle2.training.loop import fit
     from eagle2.training.losses import LossProjection
-    from eagle2.training.medusa import medusa_loss, true_ranks
+    from eagle2.training.objectives.hydra import new_hydra_heads
+    from eagle2.training.objectives.medusa import medusa_loss, true_ranks
     from tests.test_medusa_training import FIT, sequences
 
     small = tiny_llama(vocab=16, layers=1, seed=0, scale=10.0)
@@ -275,7 +275,7 @@ def test_training_lowers_the_loss_and_ranks_read_the_true_path(tmp_path):
 
 
 def test_training_reads_the_tokens_after_each_position():
-    from eagle2.training.medusa import path_tokens
+    from eagle2.training.objectives.medusa import path_tokens
 
     tokens = torch.arange(10, 18)[None]  # (1, 8): token t is 10 + t
     assert path_tokens(tokens, 8, 0)[0, :, 0].tolist() == list(range(11, 18))  # head 0 at t reads x[t+1]

@@ -1,6 +1,6 @@
-"""Joint training (``eagle2/training/joint.py``): one target forward feeds the EAGLE and the EAGLE-3 head, and
-each head ends exactly where its own run on the same batches ends; the teacher-forced forward on a bf16 copy
-of the target's weights (tiny random targets, seconds)."""
+"""Joint training (``eagle2/training/objectives/joint.py``): one target forward feeds the EAGLE and the EAGLE-3
+head, and each head ends exactly where its own run on the same batches ends; the teacher-forced forward on a
+bf16 copy of the target's weights (tiny random targets, seconds)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from eagle2.training.data import collate, split_shards, token_sequences
-from eagle2.training.online import OnlineFeatures, body_dtype
-from eagle2.training.train import train_eagle3_head, train_head, train_joint
+from eagle2.training.features import OnlineFeatures, body_dtype
+from eagle2.training.objectives.eagle import train_head
+from eagle2.training.objectives.eagle3 import train_eagle3_head
+from eagle2.training.objectives.joint import train_joint
 from tests.test_online_features import token_corpus  # noqa: F401  (the fixture)
 from tests.test_training import head_cfg, tiny_target
 

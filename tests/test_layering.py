@@ -153,7 +153,7 @@ def test_the_checks_catch_a_violation_and_a_cycle():
 
 PLANTED = {  # module -> a source line planting an import the layering forbids (the two edges this layout removed)
     "eagle2.bench.rows": "from analysis.metrics import load_rows",
-    "eagle2.training.corpus": "from eagle2.bench.runner import run",
+    "eagle2.training.corpora.prompts": "from eagle2.bench.runner import run",
     "eagle2.prompts.chat": "import eagle2.bench.models",
     "eagle2.results.store": "from eagle2.bench.methods import build_drafter",
     "eagle2.drafters.eagle2_dynamic": "from eagle2.bench.cost_profile import get_profile",  # drafters time nothing

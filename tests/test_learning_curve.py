@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from analysis.learning_curve import plot_curves, validation_rows
 from eagle2.training.loop import curve_flat
-from eagle2.training.train import train_head
+from eagle2.training.objectives.eagle import train_head
 from tests.test_training import corpus, head_cfg, target  # noqa: F401  (fixtures)
 
 
@@ -48,14 +48,15 @@ def test_validation_on_another_set_with_chain_tau(target, corpus, tmp_path):  # 
     from functools import partial
 
     from eagle2.training.data import all_sequences
-    from eagle2.training.evaluate import chain_acceptance, chain_tau_measure, head_chain
+    from eagle2.training.evaluate import chain_acceptance, chain_tau_measure
     from eagle2.training.losses import LossProjection
+    from eagle2.training.objectives.eagle import head_chain, head_chain_of
 
     others = all_sequences(corpus)[:3]  # a set the corpus split would not pick as held out
     ev = OmegaConf.create({"depth": 3, "stride": 2, "max_anchors_per_sequence": 8})
     cfg = head_cfg(epochs=1, val_every=2)
     head, summary = train_head(target, corpus, cfg, tmp_path / "run", val_seqs=others,
-                               val_extra=chain_tau_measure("head", target, others, ev))
+                               val_extra=chain_tau_measure(head_chain_of, target, others, ev))
     rows = validation_rows(tmp_path / "run")
     assert rows and all("chain_tau" in r and 1.0 <= r["chain_tau"] <= 1 + ev.depth for r in rows)
     _, plain = train_head(target, corpus, cfg, tmp_path / "plain")  # the same run on the held-out shards

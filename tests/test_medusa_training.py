@@ -1,4 +1,4 @@
-"""Medusa training and evaluation (``eagle2.training.medusa``) on a tiny random target: which
+"""Medusa training and evaluation (``eagle2.training.objectives.medusa``) on a tiny random target: which
 positions each head learns from, that training lowers the loss, and the rank statistics behind the
 held-out top-1 per head and the tree choice."""
 
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from eagle2.training.data import Sequence, collate
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection
-from eagle2.training.medusa import (
+from eagle2.training.objectives.medusa import (
     best_tree,
     medusa_loss,
     medusa_targets,

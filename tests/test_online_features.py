@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from eagle2.training.data import collate, is_token_corpus, load_sequences, split_shards, token_sequences
+from eagle2.training.features import OnlineFeatures, tokens_to_features
 from eagle2.training.losses import LossProjection, soft_cross_entropy
-from eagle2.training.online import OnlineFeatures
-from eagle2.training.token_shards import tokens_to_features, write_token_shard
-from eagle2.training.train import train_head
+from eagle2.training.objectives.eagle import train_head
+from eagle2.training.shards import write_token_shard
 from tests.test_training import head_cfg, tiny_target
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from eagle2.prompts.chat import stop_ids
-from eagle2.training.own_answers import build_own_answer_shards, user_segments
-from eagle2.training.sharegpt import encode_with_spans
-from eagle2.training.token_shards import read_token_shard, write_token_shard
+from eagle2.training.corpora.own_answers import build_own_answer_shards, user_segments
+from eagle2.training.corpora.sharegpt import encode_with_spans
+from eagle2.training.shards import read_token_shard, write_token_shard
 
 QUESTIONS = [(["Name a colour."], ["Blue."]), (["What is 2 + 3?", "And 4 + 4?"], ["5.", "8."]),
              (["Write one word about the sea."], ["Waves."]),
@@ -71,7 +71,7 @@ def test_a_corpus_folder_as_val_set_gives_that_corpus_held_out_conversations(tmp
     import pytest
     from omegaconf import OmegaConf
 
-    from eagle2.training.recipe import validation
+    from eagle2.training.heldout import validation
 
     (tmp_path / "val").mkdir()
     for k in range(3):  # 3 shards: too few for every 50th, so the last is held out

@@ -12,9 +12,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from eagle2.training.corpus import build_corpus, corpus_tap_layers
-from eagle2.training.recipe import eagle3_stage, head_stage
-from eagle2.training.token_shards import write_token_shard
+from eagle2.training.corpora.prompts import build_corpus
+from eagle2.training.features import corpus_tap_layers
+from eagle2.training.objectives.eagle import head_stage
+from eagle2.training.objectives.eagle3 import eagle3_stage
+from eagle2.training.shards import write_token_shard
 from tests.test_training import PROMPTS, ByteTokenizer, tiny_target, train_losses
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -89,3 +91,20 @@ def test_recipe_dry_runs_on_a_tiny_llama(name, section, kind, tmp_path):
     state = torch.load(tmp_path / cfg.train[section].out_dir / "checkpoint.pt", weights_only=True)
     wired = {"unroll": 7, "step_decay": 0.8, "resident_shards": 2} if kind == "eagle3" else {"features": "online"}
     assert {k: state["fingerprint"].get(k) for k in wired} == wired  # the recipe reached the trainer
+
+
+def test_the_recipe_runs_every_declared_objective(monkeypatch):
+    """The training stages are the objectives that ``objectives/`` declares (``stage=all`` in their order), and
+    the recipe runs one it has never heard of: a new objective is its module and its config section."""
+    from eagle2.training import recipe as stages
+    from eagle2.training.objectives import Objective, objectives
+
+    assert list(objectives()) == ["head", "eagle3", "draft", "medusa", "hydra", "joint"]
+    assert stages.STAGES == ("corpus", "head", "eagle3", "draft", "medusa", "eval")
+    assert {"joint", "hydra"} <= set(stages.EXTRA_STAGES) and "medusa" not in stages.DATA_PARALLEL_STAGES
+    ran = []
+    mine = Objective("mine", "my head", lambda target, tokenizer, cfg, root: ran.append(cfg) or Path("out/mine"))
+    monkeypatch.setattr(stages, "OBJECTIVES", {**stages.OBJECTIVES, "mine": mine})
+    monkeypatch.setattr(stages, "EXTRA_STAGES", (*stages.EXTRA_STAGES, "mine"))
+    stages.run_stages(None, None, "cfg", Path("."), "mine")
+    assert ran == ["cfg"]

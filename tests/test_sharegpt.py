@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from eagle2.prompts.questions import benchmark_file, load_questions
-from eagle2.training.sharegpt import build_sharegpt_shards, iter_records, normalise, packaged_path
-from eagle2.training.token_shards import read_token_shard, token_shard_paths
+from eagle2.training.corpora.sharegpt import build_sharegpt_shards, iter_records, normalise, packaged_path
+from eagle2.training.shards import read_token_shard, token_shard_paths
 
 
 def _conv(cid, *turns):

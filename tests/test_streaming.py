@@ -17,7 +17,7 @@ from eagle2.training.data import (
     split_shards,
     train_val_sequences,
 )
-from eagle2.training.train import train_head
+from eagle2.training.objectives.eagle import train_head
 from tests.test_training import assert_resume_matches_uninterrupted, head_cfg, tiny_corpus, tiny_target
 
 

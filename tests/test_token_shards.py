@@ -6,15 +6,12 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from eagle2.training.corpus import build_corpus
+from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import Sequence, all_sequences, collate
-from eagle2.training.losses import LossProjection, head_loss
-from eagle2.training.token_shards import (
-    features_to_tokens,
-    read_token_shard,
-    tokens_to_features,
-    write_token_shard,
-)
+from eagle2.training.features import tokens_to_features
+from eagle2.training.losses import LossProjection
+from eagle2.training.objectives.eagle import head_loss
+from eagle2.training.shards import features_to_tokens, read_token_shard, write_token_shard
 from tests.conftest import tiny_head
 from tests.test_training import PROMPTS, ByteTokenizer, tiny_target
 
@@ -88,8 +85,8 @@ def test_an_answer_mask_from_start_on_changes_nothing(tmp_path):
     evaluates exactly as the same sequence without a mask."""
     from eagle2.heads.draft_model import build_draft_model
     from eagle2.training.evaluate import chain_anchors
-    from eagle2.training.losses import draft_loss
-    from eagle2.training.medusa import medusa_targets
+    from eagle2.training.objectives.draft import draft_loss
+    from eagle2.training.objectives.medusa import medusa_targets
 
     target = tiny_target()
     g = torch.Generator().manual_seed(1)

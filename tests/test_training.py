@@ -14,11 +14,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle2.heads.draft_model import build_draft_model, load_draft_model, save_draft_model
 from eagle2.heads.eagle_head import load_head, save_head
-from eagle2.training.corpus import build_corpus, worker_batches
+from eagle2.training.corpora.prompts import build_corpus, worker_batches
 from eagle2.training.data import all_sequences, make_batches, split_shards
-from eagle2.training.evaluate import chain_anchors, draft_chain, evaluate_draft, evaluate_head, head_chain
+from eagle2.training.evaluate import chain_anchors
 from eagle2.training.losses import LossProjection
-from eagle2.training.train import train_draft, train_head
+from eagle2.training.objectives.draft import draft_chain, evaluate_draft, train_draft
+from eagle2.training.objectives.eagle import evaluate_head, head_chain, train_head
 from tests.conftest import tiny_head
 
 VOCAB = 64
@@ -125,7 +126,7 @@ def test_head_training_loss_decreases(target, corpus, tmp_path, unroll):
 
 
 def test_head_init_from_target_passes_feature_through(target):
-    from eagle2.training.models import new_head
+    from eagle2.training.objectives.eagle import new_head
 
     head = new_head(target, init_from_target=True)
     h = head.config.hidden_size
@@ -217,7 +218,7 @@ def _slow_chain(step_fn, seq, anchors, depth):
 
 def test_chain_drafting_matches_step_by_step_reference(target, corpus):
     from eagle2.heads.eagle_head import causal_mask
-    from eagle2.training.models import new_head
+    from eagle2.training.objectives.eagle import new_head
 
     seq = all_sequences(corpus)[3]
     head = new_head(target, init_from_target=False).eval()
@@ -358,7 +359,7 @@ def test_dataset_answers_corpus_is_teacher_forced(target, tmp_path):
     """With the dataset's own answers the target reads them: tokens are prompt + answer, and the stored
     features equal a plain forward over that sequence."""
     from eagle2.core.cache import forward_target, new_cache
-    from eagle2.training.corpus import read_shards
+    from eagle2.training.shards import read_shards
 
     answers = [f"answer {i}" for i in range(len(PROMPTS))]
     build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path, template="vicuna", system_prompt="S", batch_size=4,
@@ -405,7 +406,7 @@ def _unrolled_reference(head, seq, steps: int) -> list[dict[int, torch.Tensor]]:
 def test_unrolled_head_loss_matches_step_by_step_drafting(target, corpus, steps):
     """The training-time-test loss equals the loss of features drafted one chain at a time."""
     from eagle2.training.data import collate
-    from eagle2.training.losses import head_loss
+    from eagle2.training.objectives.eagle import head_loss
 
     torch.manual_seed(1)
     head = tiny_head(target)

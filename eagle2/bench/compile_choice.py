@@ -1,6 +1,7 @@
 """``engine.compile``: whether a run decodes through the compiled path (``eagle2.core.compiled``).
 
-``true`` compiles the target's forward (a target the path does not cover is refused in one line), ``false``
+``true`` compiles the target's forward (a target the path does not cover is refused in one line) and a draft
+language model's (SpS), ``false``
 keeps the eager forward, ``auto`` compiles where this machine kind measured it faster: ``AUTO_COMPILE``
 lists those kinds (``make bench-floor`` measures T(1) eager and compiled side by side and writes the
 figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never compiles for batched decoding (the
@@ -47,13 +48,16 @@ def resolve(cfg) -> str:
     return f"auto:{str(decide(cfg)).lower()}" if picked == "auto" else picked
 
 
-def prepare(cfg, target) -> float | None:
-    """Give ``target`` the compiled path when this run compiles, compile it now (untimed) and return the
-    seconds it took; None when the run stays eager."""
+def prepare(cfg, target, weights: dict | None = None) -> float | None:
+    """Give ``target`` the compiled path when this run compiles, and every draft language model among the
+    drafter ``weights`` (SpS's draft) the path covers; compile them now (untimed) and return the seconds it took;
+    None when the run stays eager."""
     if not decide(cfg):
         return None
-    from eagle2.core.compiled import attach
+    from eagle2.core.compiled import attach, supports
 
     if int(cfg.get("batch_size") or 1) != 1:
         raise ValueError("engine.compile=true decodes one sequence at a time: use batch_size=1 or engine.compile=false")
-    return attach(target).warm_up()
+    drafts = [w for w in (weights or {}).values() if hasattr(w, "lm_head") and hasattr(w, "base_model")
+              and supports(w) is None]
+    return sum(attach(model).warm_up() for model in (target, *drafts))

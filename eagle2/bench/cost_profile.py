@@ -1,5 +1,6 @@
-"""Measuring the round costs of one target + EAGLE head on this machine (the profile that
-``eagle2.drafters.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``).
+"""Measuring the round costs of one target + drafter on this machine (the profile that
+``eagle2.drafters.budget`` turns into a per-round budget for ``method=eagle2 method.total_tokens=auto``, or
+REST's ``method.num_draft=auto``).
 
 The harness measures it (``auto_budget_profile``, called by ``eagle2.bench.methods.build_drafter``) and hands
 it to the drafter as data (``weights["cost_profile"]``): drafters never time target forwards themselves.
@@ -119,7 +120,8 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
 
 def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int, rows: int = 1) -> str:
     vocab, kernels = drafting.get("vocab"), kernels_in_use(target)
-    facts = {"target": target.config.to_dict(), "head": head.config.to_dict(), "depth": depth, "top_k": top_k,
+    head_facts = head.config.to_dict() if head is not None else {"drafter": drafting.get("method")}  # head-less: REST
+    facts = {"target": target.config.to_dict(), "head": head_facts, "depth": depth, "top_k": top_k,
              "draft_vocab": None if vocab is None else len(vocab), "lm_head_dtype": str(drafting.get("lm_head_dtype")),
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
              **({} if kernels == "stock" else {"kernels": kernels}),
@@ -190,20 +192,32 @@ def write_profile(path: Path, profile: CostProfile) -> None:
     os.replace(tmp, path)
 
 
+BUDGET_KEYS = {"total_tokens": "max_total_tokens", "num_draft": "max_num_draft"}  # budget key -> its cap's key
+
+
+def auto_budget_key(method_cfg) -> str | None:
+    """The method's budget key set to ``auto`` (EAGLE-2's ``total_tokens``, REST's ``num_draft``), else None."""
+    return next((key for key in BUDGET_KEYS if str(method_cfg.get(key)) == "auto"), None)
+
+
 def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:
-    """The profile a ``total_tokens=auto`` method prices its rounds with, for its config on this machine.
+    """The profile a method with an ``auto`` budget prices its rounds with, for its config on this machine.
     ``build_at(cfg)`` builds the method's drafter for a config; the profile times its rounds at depths
-    1..``depth`` with one node kept (no budget, no lookup branch). ``verify_rows`` (set by the batched
-    runner): the batch size whose verify cost ``T_B(q)`` it holds."""
+    1..``depth`` with one node kept (no budget, no lookup branch; a drafter without a head, REST, at one
+    depth: its rounds are lookups). ``verify_rows`` (set by the batched runner): the batch size whose verify
+    cost ``T_B(q)`` it holds."""
     from omegaconf import OmegaConf
 
-    base = OmegaConf.to_container(method_cfg, resolve=True)
+    base, key = OmegaConf.to_container(method_cfg, resolve=True), auto_budget_key(method_cfg)
+    has_head = key == "total_tokens"
 
     def make_drafter(d: int):  # the drafter whose rounds the profile times
-        return build_at(OmegaConf.create({**base, "depth": d, "total_tokens": 1, "lookup_branch": False}))
+        return build_at(OmegaConf.create({**base, "depth": d, key: 1, "lookup_branch": False}))
 
-    return get_profile(target, head, drafting_settings(method_cfg, head), make_drafter, depth=int(method_cfg.depth),
-                       top_k=int(method_cfg.top_k), profile_dir=method_cfg.get("profile_dir"),
+    drafting = drafting_settings(method_cfg, head) if has_head else {"method": base["name"]}
+    return get_profile(target, head if has_head else None, drafting, make_drafter,
+                       depth=int(method_cfg.depth) if has_head else 1,
+                       top_k=int(method_cfg.top_k) if has_head else 0, profile_dir=method_cfg.get("profile_dir"),
                        remeasure=bool(method_cfg.get("reprofile", False)),
-                       max_q=int(method_cfg.get("max_total_tokens") or 64) + 1,
+                       max_q=int(method_cfg.get(BUDGET_KEYS[key]) or 64) + 1,
                        rows=int(method_cfg.get("verify_rows") or 1))

@@ -1,6 +1,7 @@
 """The method registry's harness half: build the drafter a method config names (its spec, which drafter
-and which weights, is read by ``eagle2.registry``), handing it its weights and, for an auto
-budget (``total_tokens=auto``), the cost profile the harness measures (``eagle2.bench.cost_profile``)."""
+and which weights, is read by ``eagle2.registry``), handing it its weights and, for an auto budget
+(``total_tokens=auto``, REST's ``num_draft=auto``), the cost profile the harness measures
+(``eagle2.bench.cost_profile``)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def build_drafter(method_cfg, target, params, generator, *, head=None, draft_mod
     if missing:
         raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")
     factory, chosen = drafter_factory(spec), {k: given[k] for k in spec.weights}
-    if str(method_cfg.get("total_tokens")) == "auto":
-        from eagle2.bench.cost_profile import auto_budget_profile
+    from eagle2.bench.cost_profile import auto_budget_key, auto_budget_profile
 
+    if auto_budget_key(method_cfg):
         chosen["cost_profile"] = auto_budget_profile(method_cfg, target, chosen[spec.weights[0]],
                                                      lambda cfg: factory(cfg, target, params, None, chosen))
     if run_state is not None:

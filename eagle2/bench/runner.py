@@ -178,8 +178,8 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
 
     _reset_peak_memory(cfg.model.device)  # peak_memory_mb: this config's weights and decoding only
     target, tokenizer = load_target(cfg.model)
-    compile_s = compile_choice.prepare(cfg, target)  # the compiled path, compiled here: untimed
     weights = load_drafter_weights(cfg, target)
+    compile_s = compile_choice.prepare(cfg, target, weights)  # the compiled path, compiled here: untimed
     kernels = kernels_in_use(target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
     context = int(cfg.model.max_context)

@@ -81,8 +81,8 @@ def decode_turns(cfg, *, chash: str, store, questions: list[dict], target, token
         enqueue(q, 0, [])
     try:
         if batch_size > 1:
-            BatchEngine(target, params, eos, batch_size, context, bool(cfg.get("batch_refill", True))).run(
-                queue, finished)
+            BatchEngine(target, params, eos, batch_size, context, bool(cfg.get("batch_refill", True)),
+                        bool(cfg.get("batch_drafting", True))).run(queue, finished)
         while queue:  # batch 1
             finished(_decode_one(queue.popleft(), target, params, eos, context))
     finally:

@@ -21,6 +21,11 @@ the live rows, with ``BatchVerifier`` in place of the single cache: the target's
 over every live row's real tree nodes (one matmul, not B), and a round's accepted entries move into place
 with one gather per layer for all rows (``BatchCache.commit_rows``). A row's ``other_s`` is its drafter's
 bookkeeping plus its share of the round's acceptance and commit, as at batch 1.
+
+Drafting (``batch_drafting=True``, the default): rows whose drafters offer ``propose_batch`` with equal
+``batch_key()`` (EAGLE, EAGLE-2, EAGLE-3: ``eagle2.drafters.head_group``) draft together, one draft-head forward
+and one drafting LM-head call per depth for all of them, each row's tree the one it drafts alone; the others,
+and every row with ``batch_drafting=False``, draft one after another.
 """
 
 from __future__ import annotations
@@ -138,12 +143,12 @@ class BatchEngine:
     """Decodes a queue of ``BatchRequest`` in ``batch_size`` rows (``run``)."""
 
     def __init__(self, target, params: SamplingParams, eos_ids: set[int], batch_size: int,
-                 max_context: int | None = None, refill: bool = True):
+                 max_context: int | None = None, refill: bool = True, batch_drafting: bool = True):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         self.target, self.params, self.eos, self.rows = target, params, set(eos_ids), int(batch_size)
         self.limit = context_limit(target, max_context)
-        self.refill = refill
+        self.refill, self.batch_drafting = refill, batch_drafting
         self.device = target.device
         self.tap = None
         self._tap_layers = None
@@ -180,7 +185,8 @@ class BatchEngine:
     def _round(self, live: dict[int, _Row], cache: BatchCache) -> None:
         """The shared round over every live row; its timing read at once (one wait on CUDA per round)."""
         clock, seqs = Clock(self.device), {slot: row.seq for slot, row in live.items()}
-        decode_round(seqs, BatchVerifier(self.target, cache, self.limit, self.tap), self.params, clock)
+        decode_round(seqs, BatchVerifier(self.target, cache, self.limit, self.tap), self.params, clock,
+                     self.batch_drafting)
         seconds = clock.resolve()
         for seq in seqs.values():
             seq.settle(seconds)

@@ -18,6 +18,11 @@ stock RMSNorm, rotary embedding and SDPA attention in the transformers order of 
 decoder layers that carry forward pre-hooks (``eagle2.core.features.LayerTap``, EAGLE-3) are returned by
 the graph and handed to those hooks, so a tap sees the same tensors as on the eager path.
 
+On CUDA the graphs are captured as CUDA graphs (``mode="reduce-overhead"``, inductor's CUDA-graph trees: one
+graph per query bucket and cache span, replayed with one launch): the KV buffers are marked as static addresses
+(re-marked when they grow), each forward starts a new graph step, and its outputs are copied out before the
+next replay overwrites them. That branch is exercised only on a GPU (the GPU check's ``cuda_graphs`` stage).
+
 Compiled artifacts go to inductor's on-disk caches under ``~/.cache/eagle2/inductor`` (the FX graph and
 AOTAutograd caches): a second process does not compile again. ``warm_up`` compiles before any timed
 section and returns its seconds (rows: ``compile_s``).
@@ -172,13 +177,17 @@ class StaticDecoder:
         self.layers = model.base_model.layers
         self.dtype, self.device = model.dtype, model.device
         self.compiled = compile
+        self.graphs = compile and self.device.type == "cuda"  # CUDA graphs (reduce-overhead) on a GPU
         self.keys: list[torch.Tensor] = []  # per layer (1, KVH, capacity, D)
         self.values: list[torch.Tensor] = []
         self.compile_s = 0.0
         if compile:
             use_disk_cache()
-            self.step = torch.compile(self.lean, dynamic=False)  # Q = 1: its own static graph
-            self.step_many = torch.compile(self.lean, dynamic=None)  # Q > 1: marked dynamic below
+            mode = "reduce-overhead" if self.graphs else None
+            if self.graphs:  # a graph per bucket and span: more than dynamo's default of 8 recompiles
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.step = torch.compile(self.lean, dynamic=False, mode=mode)  # Q = 1: its own static graph
+            self.step_many = torch.compile(self.lean, dynamic=None, mode=mode)  # Q > 1: marked dynamic below
         else:
             self.step = self.step_many = self.lean
 
@@ -204,6 +213,9 @@ class StaticDecoder:
             return new
         self.keys = [grown(self.keys[i] if have else None) for i in range(len(lean.layers))]
         self.values = [grown(self.values[i] if have else None) for i in range(len(lean.layers))]
+        if self.graphs:  # written in place inside the captured graphs: their addresses must not move
+            for buffer in (*self.keys, *self.values):
+                torch._dynamo.mark_static_address(buffer)
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, n: int):
@@ -222,7 +234,11 @@ class StaticDecoder:
             for tensor in (*self.keys, *self.values):
                 torch._dynamo.mark_dynamic(tensor, 2)
             torch._dynamo.mark_dynamic(mask, 3)
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         hidden, taps = step(ids, positions, mask, slots, self.keys, self.values)
+        if self.graphs:  # the next replay overwrites a graph's outputs
+            hidden, taps = hidden[:, :n].clone(), [tap.clone() for tap in taps]
         for index, tap in zip(tapped, taps):
             layer = self.layers[index]
             for hook in list(layer._forward_pre_hooks.values()):

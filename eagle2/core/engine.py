@@ -162,18 +162,45 @@ class Sequence:
         return GenerationOutput(out, prefill_s, wall_s, self.accept_lengths, self.rounds, self.nodes)
 
 
-def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, clock: Clock) -> None:
+def drafting_groups(seqs: dict[int, Sequence], batched: bool) -> list[list[int]]:
+    """The rows that draft together: with ``batched``, those whose drafters offer ``propose_batch`` and have equal
+    ``batch_key()`` (the same head and tree settings); every other row alone."""
+    groups: dict = {}
+    for row, seq in seqs.items():
+        key = getattr(seq.drafter, "batch_key", None) if batched else None
+        can = key is not None and hasattr(type(seq.drafter), "propose_batch")
+        groups.setdefault(key() if can else ("alone", row), []).append(row)
+    return list(groups.values())
+
+
+def propose_rows(seqs: dict[int, Sequence], verifier, clock: Clock, batched: bool = False):
+    """Step 1 of a round: every row's tree, and per row its marks (propose start, end, forward count before).
+    A group of rows (``drafting_groups``) drafts in one ``propose_batch`` (one draft forward per depth for all of
+    them); each of its rows is marked with the group's span, as each row of a batch with the shared verify."""
+    trees, marks = {}, {}
+    for rows in drafting_groups(seqs, batched):
+        t0, before = clock.mark(), {row: seqs[row].forward_count() for row in rows}
+        drafters, roots = [seqs[r].drafter for r in rows], [seqs[r].out[-1] for r in rows]
+        if len(rows) == 1:
+            made = [drafters[0].propose(roots[0], room=verifier.room(rows[0]))]
+        else:
+            made = type(drafters[0]).propose_batch(drafters, roots, [verifier.room(r) for r in rows])
+        t1 = clock.mark()
+        for row, tree in zip(rows, made):
+            trees[row], marks[row] = tree, (t0, t1, before[row])
+    return trees, marks
+
+
+def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, clock: Clock,
+                 batch_drafting: bool = False) -> None:
     """One round for every sequence of ``seqs`` (row -> sequence): propose -> verify -> accept -> commit.
 
     ``verifier`` owns the target and its KV cache: ``room(row)`` (positions left), ``verify(trees)`` (ONE
     target forward over every row's tree: logits (N, V) per row, the drafters' features (B, Q, F) and facts
     for the round records) and ``commit(kept)`` (every row's cache keeps only its accepted path). Batch 1
-    is ``SingleVerifier``; batched decoding ``eagle2.core.batch_engine.BatchVerifier``."""
-    trees, marks = {}, {}
-    for row, seq in seqs.items():  # 1. propose: each row's drafter builds its own tree
-        t0, f0 = clock.mark(), seq.forward_count()
-        trees[row] = seq.drafter.propose(seq.out[-1], room=verifier.room(row))
-        marks[row] = (t0, clock.mark(), f0)
+    is ``SingleVerifier``; batched decoding ``eagle2.core.batch_engine.BatchVerifier``. ``batch_drafting``:
+    rows whose drafters can draft together do (``propose_rows``); else each row drafts alone."""
+    trees, marks = propose_rows(seqs, verifier, clock, batch_drafting)  # 1. propose: each row's own tree
     first_row = next(iter(seqs))
     v0 = clock.mark() if len(seqs) > 1 else marks[first_row][1]  # batch 1: verify starts where proposing ended
     logits, features, facts = verifier.verify(trees)  # 2. verify: one target forward for every row

@@ -23,6 +23,9 @@ class Drafter(Protocol):
     # optional ``observe_target(tree, target_logits)``: after each verify, the tree it proposed and the
     # target's logits (N, V) at every node, non-candidate nodes (``DraftTree.candidate``) included, on the
     # target's device: how Lookahead reads its Jacobi window and Token Recycling its top-k candidates
+    # optional, together: ``batch_key() -> hashable`` and a classmethod ``propose_batch(drafters, roots, rooms)
+    # -> list[DraftTree]``: the batch engine hands the rows whose drafters have equal keys to one call, which
+    # drafts them all at once (each row's tree the one ``propose`` would give; ``eagle2.drafters.head_group``)
 
     def start(self, prompt_ids: list[int], first_token: int, prompt_hidden: torch.Tensor | None) -> None:
         """After prefill: the prompt, the first generated token, and (if ``needs_hidden``) the prompt's

@@ -28,6 +28,7 @@ import torch
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
+from eagle2.drafters.head_group import TreeHeads, catch_up_rows
 from eagle2.drafters.lookup import find_chains
 
 ChainSource = Callable[[list[int]], list[list[int]]]  # the tokens so far -> continuations, best first
@@ -52,41 +53,63 @@ class Eagle2Drafter(HeadRunner):
         super().observe(new_tokens, hidden)
         self.sequence.extend(new_tokens)
 
+    def batch_key(self) -> tuple:
+        return (*super().batch_key(), self.depth, self.top_k)
+
     def propose(self, root: int, room: int) -> DraftTree:
-        budget = min(self.total_tokens, room - 1)
-        root_logp = self.catch_up()
-        if budget < 1:
-            return DraftTree.root_only(root)
-        k = self.top_k
-        top_tokens, top_conf = self.top(root_logp, k)
-        # every drafted node's columns, one entry per layer; drafted index = position in the concatenation.
-        # Tokens, scores, parents and the picks stay on the device (no host sync per depth: the shapes are
-        # known here, the values move once at the end); ranks and depths are Python lists.
+        return self.propose_batch([self], [root], [room])[0]
+
+    @classmethod
+    def propose_batch(cls, drafters: list["Eagle2Drafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
+        """Every row's tree (drafters of equal ``batch_key``): depth by depth, one head forward and one LM-head
+        call for all rows (``eagle2.drafters.head_group``); each row's tree is the one it drafts alone."""
+        budgets = [min(d.total_tokens, room - 1) for d, room in zip(drafters, rooms)]
+        root_logp, root_feature = catch_up_rows(drafters)  # (R, V), (R, H)
+        trees = [DraftTree.root_only(root) for root in roots]
+        live = [i for i, b in enumerate(budgets) if b >= 1]
+        if not live:
+            return trees
+        if len(live) < len(drafters):
+            root_logp, root_feature = root_logp[live], root_feature[live]
+        lead, heads = drafters[live[0]], TreeHeads([drafters[i] for i in live])
+        k, rows = lead.top_k, len(live)
+        top_tokens, top_conf = lead.top(root_logp, k)  # (R, k)
+        # every drafted node's columns, one entry per layer, a row per tree; drafted index = position in the
+        # concatenation. Tokens, scores, parents and the picks stay on the device (no host sync per depth: the
+        # shapes are known here, the values move once at the end); ranks and depths are Python lists.
         device = top_tokens.device
         tokens, log_conf, log_value = [top_tokens], [top_conf], [top_conf]
-        parents, ranks, depth = [torch.full((k,), -1, device=device)], list(range(k)), [1] * k
+        parents, ranks, depth = [torch.full((rows, k), -1, device=device)], list(range(k)), [1] * k
         start = 0  # drafted index of the newest layer's first node
-        parent_fed = torch.full((k,), -1, device=device)  # fed index (head cache) of each newest-layer node's parent
-        parent_feat = self.root_feature.expand(k, -1)
-        for d in range(1, self.depth):
-            width = log_value[-1].shape[0]
+        parent_fed = torch.full((rows, k), -1, device=device)  # fed index (head cache) of each newest node's parent
+        parent_feat = root_feature[:, None].expand(rows, k, root_feature.shape[-1])
+        for d in range(1, lead.depth):
+            width = log_value[-1].shape[1]
             n = min(k, width)
-            pick = torch.topk(log_value[-1], n).indices.sort().values  # which nodes are expanded (on the device)
-            first_fed = self.fed
-            logp, feats = self.expand(tokens[-1][pick], parent_fed[pick], d, parent_feat[pick])
-            child_tokens, child_conf = self.top(logp, k)  # (n, k), siblings best-first
-            parents.append((start + pick).repeat_interleave(k))
+            pick = torch.topk(log_value[-1], n, dim=-1).indices.sort(dim=-1).values  # (R, n): nodes expanded
+            first_fed = heads.fed
+            logp, feats = heads.expand(tokens[-1].gather(1, pick), parent_fed.gather(1, pick), d,
+                                       parent_feat.gather(1, pick[..., None].expand(-1, -1, parent_feat.shape[-1])))
+            child_tokens, child_conf = lead.top(logp, k)  # (R, n, k), siblings best-first
+            parents.append((start + pick).repeat_interleave(k, dim=1))
             start += width
-            tokens.append(child_tokens.reshape(-1))
+            tokens.append(child_tokens.reshape(rows, -1))
             ranks += list(range(k)) * n
-            log_conf.append(child_conf.reshape(-1))
-            log_value.append((log_value[-1][pick, None] + child_conf).reshape(-1))
+            log_conf.append(child_conf.reshape(rows, -1))
+            log_value.append((log_value[-1].gather(1, pick)[..., None] + child_conf).reshape(rows, -1))
             depth += [d + 1] * (n * k)
-            parent_fed = (first_fed + torch.arange(n, device=device)).repeat_interleave(k)
-            parent_feat = feats.repeat_interleave(k, dim=0)
-        tokens, log_conf, log_value, parents = to_host(torch.cat(tokens), torch.cat(log_conf), torch.cat(log_value),
-                                                       torch.cat(parents))
+            parent_fed = (first_fed + torch.arange(n, device=device)).repeat_interleave(k).expand(rows, -1)
+            parent_feat = feats.repeat_interleave(k, dim=1)
+        columns = to_host(*(torch.cat(c, dim=1).reshape(-1) for c in (tokens, log_conf, log_value, parents)))
+        columns = [c.reshape(rows, -1) for c in columns]
         ranks, depth = torch.tensor(ranks), torch.tensor(depth)
+        for j, i in enumerate(live):
+            trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[j] for c in columns), ranks, depth)
+        return trees
+
+    def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth) -> DraftTree:
+        """This row's tree from its drafted columns (on the host): the best ``budget`` nodes by V (or the
+        budget the cost profile picks), with the lookup chain merged in when there is one."""
         by_depth = torch.argsort(depth, stable=True)
         order = by_depth[torch.argsort(-log_value[by_depth], stable=True)]  # by V, ties shallower first
         meta = {}

@@ -119,8 +119,19 @@ class HeadRunner:
             return self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
                              cache=self.cache)[0]
 
+    def batch_key(self) -> tuple:
+        """Drafters with equal keys draft their rows together (``eagle2.drafters.head_group``): the same head,
+        drafting LM head on one device (the LM head stands for the vocabulary: a reduced one is a copy cached per
+        vocabulary, an EAGLE-3 head's is its own); subclasses add their tree's settings."""
+        own = hasattr(self.head, "drafting_lm_head")  # its LM head is made of the head's own modules
+        return type(self), id(self.head), None if own else id(self.lm_head), self.lm_head_dtype, str(self.device)
+
     def catch_up(self) -> torch.Tensor:
         """Feed pending pairs; return log-probabilities (V,) of the root's children."""
+        return self.log_probs(self.catch_up_feature()[None])[0]
+
+    def catch_up_feature(self) -> torch.Tensor:
+        """Feed pending pairs; return the feature predicted at the root (H,), also kept as ``root_feature``."""
         crop(self.cache, self.committed)
         tokens = torch.tensor(self.pending_tokens, device=self.device)
         # features come from the target's last layers (the last GPU when it spans several): onto the head's
@@ -134,7 +145,7 @@ class HeadRunner:
         self.fed = 0  # tree nodes fed to the head since the catch-up
         self.fed_ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [i, j]: j is i or its ancestor
         self.root_feature = out[-1]
-        return self.log_probs(out[-1:])[0]
+        return self.root_feature
 
     # -- the draft tree ----------------------------------------------------------------------
     def top(self, log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +158,11 @@ class HeadRunner:
         """Log-probabilities over the drafting vocabulary (the full one unless reduced), on the head's device
         (``features`` go to the drafting LM head's device and dtype: the target's, on its last GPU)."""
         with self.spans.span():
-            logits = self.lm_head(features.to(self.lm_head_device, self.lm_head_dtype)).float()
+            return self.log_probs_unspanned(features)
+
+    def log_probs_unspanned(self, features: torch.Tensor) -> torch.Tensor:
+        """``log_probs`` without a span of its own (a caller timing several rows at once opens theirs)."""
+        logits = self.lm_head(features.to(self.lm_head_device, self.lm_head_dtype)).float()
         return torch.log_softmax(logits.to(self.device), dim=-1)
 
     def expand(self, tokens: torch.Tensor | list[int], parent_fed: torch.Tensor | list[int], depth: int,

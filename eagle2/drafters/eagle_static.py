@@ -10,6 +10,7 @@ import torch
 
 from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, to_host, tree_from_drafted
+from eagle2.drafters.head_group import TreeHeads, catch_up_rows
 
 
 class EagleStaticDrafter(HeadRunner):
@@ -34,30 +35,46 @@ class EagleStaticDrafter(HeadRunner):
                                 with_children))
             fed = {nodes[j]: row for row, j in enumerate(with_children)}
 
+    def batch_key(self) -> tuple:
+        return (*super().batch_key(), tuple(map(tuple, self.paths)))
+
     def propose(self, root: int, room: int) -> DraftTree:
-        """Depth by depth: one top-k over the previous depth's fed nodes picks every node's token (the
-        rank-th best child of its parent), one head forward feeds the nodes with children; tokens and
-        confidences stay on the device until one transfer at the end."""
-        logp, feats = self.catch_up()[None], self.root_feature[None]  # the root's children; its feature
-        fed_index = {-1: -1}  # node -> its fed index in the head cache
+        return self.propose_batch([self], [root], [room])[0]
+
+    @classmethod
+    def propose_batch(cls, drafters: list["EagleStaticDrafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
+        """Depth by depth, for every row at once (drafters of equal ``batch_key``: one shape): one top-k over
+        the previous depth's fed nodes picks every node's token (the rank-th best child of its parent), one head
+        forward feeds the nodes with children (``eagle2.drafters.head_group``); tokens and confidences stay on
+        the device until one transfer at the end. Each row's tree is the one it drafts alone."""
+        lead, rows = drafters[0], len(drafters)
+        logp, feats = catch_up_rows(drafters)  # the roots' children (R, V); their features (R, H)
+        logp, feats = logp[:, None], feats[:, None]  # (R, parents, ...)
+        heads = TreeHeads(drafters)
+        fed_index = {-1: -1}  # node -> its fed index in the head cache (the same in every row)
         tokens, log_conf = [], []
-        for d, (nodes, parent_rows, ranks, with_children) in enumerate(self.layers, start=1):
-            top_tokens, top_conf = self.top(logp, self.max_rank)  # (parents, max_rank)
-            rows, cols = parent_rows.to(logp.device), ranks.to(logp.device)
-            tokens.append(top_tokens[rows, cols])
-            log_conf.append(top_conf[rows, cols])
+        for d, (nodes, parent_rows, ranks, with_children) in enumerate(lead.layers, start=1):
+            top_tokens, top_conf = lead.top(logp, lead.max_rank)  # (R, parents, max_rank)
+            at, cols = parent_rows.to(logp.device), ranks.to(logp.device)
+            tokens.append(top_tokens[:, at, cols])
+            log_conf.append(top_conf[:, at, cols])
             if not with_children:
                 break
             pick = torch.tensor(with_children, device=logp.device)
-            first_fed = self.fed
-            parents_fed = [fed_index[self.parent_list[nodes[j]]] for j in with_children]
-            logp, feats = self.expand(tokens[-1][pick], parents_fed, d, feats[rows[pick]])
+            first_fed = heads.fed
+            parents_fed = [fed_index[lead.parent_list[nodes[j]]] for j in with_children]
+            logp, feats = heads.expand(tokens[-1][:, pick], parents_fed, d, feats[:, at[pick]])
             fed_index.update({nodes[j]: first_fed + row for row, j in enumerate(with_children)})
-        tokens, log_conf = to_host(torch.cat(tokens), torch.cat(log_conf))
-        n = tokens.shape[0]  # every node up to the deepest layer reached
-        parent, depth, rank = self.parent[:n], self.depth[:n], self.rank[:n]
-        keep = torch.arange(min(n, max(room - 1, 0)))
-        return tree_from_drafted(root, tokens, parent, depth, rank, log_conf, path_log_values(parent, log_conf), keep)
+        tokens, log_conf = (c.reshape(rows, -1) for c in to_host(torch.cat(tokens, dim=1).reshape(-1),
+                                                                  torch.cat(log_conf, dim=1).reshape(-1)))
+        n = tokens.shape[1]  # every node up to the deepest layer reached
+        parent, depth, rank = lead.parent[:n], lead.depth[:n], lead.rank[:n]
+        trees = []
+        for b, (root, room) in enumerate(zip(roots, rooms)):
+            keep = torch.arange(min(n, max(room - 1, 0)))
+            trees.append(tree_from_drafted(root, tokens[b], parent, depth, rank, log_conf[b],
+                                           path_log_values(parent, log_conf[b]), keep))
+        return trees
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> EagleStaticDrafter:

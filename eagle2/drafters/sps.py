@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from eagle2.core.cache import cache_kwargs, crop, new_cache
+from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.clock import Spans
 from eagle2.core.sampling import Draws, SamplingParams, as_draws, probabilities
 from eagle2.core.tree import DraftTree
@@ -64,9 +64,8 @@ class SpsDrafter:
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         with self.spans.span():
-            ids = torch.tensor([tokens], device=self.model.device)
-            logits = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                **cache_kwargs(self.model, self.cache)).logits[0, -1]
+            ids = torch.tensor([tokens], device=self.model.device)  # (the compiled path's cache: compiled)
+            logits = self.model.lm_head(forward_target(self.model, ids, self.cache)[0, -1])
         self.fed.extend(tokens)
         return logits
 

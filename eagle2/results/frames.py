@@ -1,6 +1,16 @@
 """Stored rows as pandas frames: every row under a results folder, and the plain-decoding rows a
 config is compared with. Shared by the identity audit (which re-runs models) and the analysis (which never
-does); it reads the store only."""
+does); it reads the store only.
+
+Two plain baselines. A row's ``compile`` field says whether its target ran eager or through the compiled path
+(``true`` / ``auto:true``; ``false``, ``auto:false`` or no field: eager), and plain decoding can be either, so
+``baseline_rows`` takes which one: ``eager`` or ``compiled`` plain, or (the default) plain of the config's own
+kind, like with like. Which plain run a speedup is measured against is derived here, from the rows, rather
+than stored in each row as a field: a row records one measurement of one config, and its baseline is a relation
+between configs that exists only once both are stored (plain may run later, or be rerun), so a stored name
+could go stale or point at nothing, and the rows written before this existed would have none. ``compile`` is
+already in every row that could be compiled, and an older row without it ran eager.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,20 @@ import pandas as pd
 from eagle2.results.store import read_rows
 
 GROUP = ["model", "dataset", "method", "temperature", "config_hash"]
+BASELINES = ("eager", "compiled")  # the plain decodings a speedup can be measured against
+
+
+def compiled(rows: pd.DataFrame) -> pd.Series:
+    """Per row: whether its target ran through the compiled path (``compile`` ending in ``true``)."""
+    if "compile" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["compile"].astype(str).str.endswith("true")
+
+
+def both_kinds(rows: pd.DataFrame) -> bool:
+    """Whether ``rows`` hold eager and compiled rows both (then tables show a speedup over each plain)."""
+    kinds = compiled(rows)
+    return bool(kinds.any() and not kinds.all())
 
 
 def iter_rows(results: str | Path):
@@ -30,13 +54,18 @@ def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
+def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """Plain-decoding rows comparable with the config ``g``: same model, dataset, temperature and,
     where recorded, the same max_new_tokens, seed and dtype; of several such plain configs, the one sharing
-    the most question turns with ``g`` (never a pool of several)."""
+    the most question turns with ``g`` (never a pool of several). ``baseline``: ``eager`` or ``compiled``
+    plain decoding (``BASELINES``); None: plain of ``g``'s own kind (in a folder of one kind, every plain)."""
+    if baseline not in (None, *BASELINES):
+        raise ValueError(f"baseline={baseline!r}: choose one of {BASELINES} or None")
     first = g.iloc[0]
     mask = (rows.method == "plain") & (rows.model == first.model) & (rows.dataset == first.dataset) & (
         rows.temperature == first.temperature)
+    want = bool(compiled(g.iloc[:1]).iloc[0]) if baseline is None else baseline == "compiled"
+    mask &= compiled(rows) == want
     for key in ("max_new_tokens", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
         if key in rows and pd.notna(first.get(key)):
             mask &= rows[key] == first[key]

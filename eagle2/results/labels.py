@@ -1,13 +1,16 @@
 """Readable names for stored configs: each config's method settings, the name a config is shown under
 (``eagle2+lookup``, the oracle marked as a ceiling) and the label that tells apart configs of one method
 (``eagle2 (total_tokens=8, depth=3)``; configs of one method and settings that ran with different drafter
-weights, such as REST over two datastores, also by the weights: ``rest (rest_datastore 1a2b3c4d)``). Read
-from rows only; the report and the identity audit share them."""
+weights, such as REST over two datastores, also by the weights: ``rest (rest_datastore 1a2b3c4d)``;
+``eagle2 [compiled]`` / ``eagle2 [eager]`` when the rows hold both kinds of target forward,
+``eagle2.results.frames.compiled``). Read from rows only; the report and the identity audit share them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from eagle2.results.frames import both_kinds, compiled
 
 
 def config_settings(rows: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +65,8 @@ def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
     """config_hash -> a readable label: the method's display name (``display_method``), plus the method
     settings that vary between configs shown under that name (e.g. ``eagle2 (total_tokens=8, depth=3)``),
     plus the drafter weights when they vary there (``rest (rest_datastore 1a2b3c4d)``, for every weighted
-    method); a name whose configs share their weights is labelled as before."""
+    method), plus `` [compiled]`` or `` [eager]`` when ``rows`` hold both kinds; a folder of one kind whose
+    configs share their weights keeps its labels."""
     settings = config_settings(rows)
     settings["method"] = [display_method(m, r.to_dict()) for m, (_, r) in zip(settings.method, settings.iterrows())]
     if not rows.empty:
@@ -75,6 +79,9 @@ def variant_labels(rows: pd.DataFrame) -> dict[str, str]:
             extra = ", ".join(f"{c[len(WEIGHTS_PREFIX):]} {r[c]}" if c.startswith(WEIGHTS_PREFIX)
                               else f"{c}={_plain_value(r[c])}" for c in varying)
             labels[r.config_hash] = f"{method} ({extra})" if extra else str(method)
+    if both_kinds(rows):
+        kind = dict(zip(rows.config_hash, compiled(rows)))
+        labels = {h: f"{label} [{'compiled' if kind[h] else 'eager'}]" for h, label in labels.items()}
     return labels
 
 

@@ -37,6 +37,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
     "batch_id": (int, type(None)),  # the same for rows decoded together (None at batch 1)
     "batch_slot": (int, type(None)),  # the row of the batch this turn was decoded in
+    # batched: whether rows that could drafted together (one draft-head forward per depth; None at batch 1)
+    "batch_drafting": (bool, type(None)),
     # the batch's decode wall time (continuous batching: this row's span in flight)
     "batch_wall_time_s": OPTIONAL_NUMBER,
     "batch_admitted_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn's admission (its prefill)

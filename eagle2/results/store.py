@@ -46,7 +46,7 @@ TARGET_KEYS = ("name", "source", "hub_id", "dtype", "attn_implementation", "temp
 # hashed only when not null (added later: configs without them keep their hash)
 TARGET_KEYS_WHEN_SET = ("path",)
 DATASET_KEYS, DATASET_KEYS_WHEN_SET = ("name", "path"), ("hub",)
-METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram")
+METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram", "max_num_draft")
 # switches added later, hashed only when on (with the keys that only they read): off hashes as before
 METHOD_SWITCHES = {"lookup_branch": ("lookup_k", "lookup_max_ngram", "lookup_min_ngram")}
 
@@ -74,6 +74,8 @@ def config_hash(cfg) -> str:
     if int(resolved.get("batch_size") or 1) > 1:  # batch 1 keeps every existing hash
         picked["batch_size"] = int(resolved["batch_size"])
         picked["batch_refill"] = bool(resolved.get("batch_refill", True))
+        if not resolved.get("batch_drafting", True):  # rows drafting one after another; the default keeps hashes
+            picked["batch_drafting"] = False
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 

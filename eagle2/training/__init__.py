@@ -1,2 +1,4 @@
-"""Training the drafters on SmolLM2 self-distillation corpora: the corpus, the losses, the training
-loops, the recipe stages behind ``train_head.py`` and their held-out evaluation."""
+"""Training the drafters, as a pipeline: ``corpora/`` (sources) -> ``shards`` (token and feature formats,
+dedup) -> ``features`` (offline and online taps of the target) -> ``data`` (sequences, batches) ->
+``objectives/`` (EAGLE, EAGLE-3, the SpS draft, Medusa, the joint run; one interface) -> ``loop`` (fit,
+checkpoints) -> ``evaluate`` (held-out measures); ``recipe`` runs the stages of ``train_head.py``."""

@@ -1,9 +1,8 @@
 """Corpus shards -> training data: sequences, the train/val split, token-budget batches, padded tensors.
 
-A corpus (``corpus.py``) is a folder of ``shard_*.safetensors``; each holds concatenated sequences
-(``tokens``, post-norm ``features``, ``offsets``, ``response_start``, optionally ``answer_mask`` for sequences
-with several answers). A token corpus (``token_shards.py``: ``tokens_*.npz``) gives sequences without
-features, which ``online.OnlineFeatures`` fills batch by batch. Batches are right-padded,
+A corpus is a folder of feature shards (``shard_*.safetensors``, ``shards.py``: concatenated sequences with
+their post-norm ``features``) or of token shards (``tokens_*.npz``), whose sequences come without features,
+which ``features.OnlineFeatures`` fills batch by batch. Batches are right-padded,
 length-bucketed and in a fixed order per epoch drawn from the seed.
 
 Two ways to hold the training shards: all in memory (the default), or streamed (``resident_shards = k``:
@@ -21,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from eagle2.training.corpus import iter_shards, read_shards
+from eagle2.training.shards import iter_shards, read_shards
 
 
 class Sequence(NamedTuple):
@@ -83,7 +82,7 @@ def load_sequences(paths) -> list[Sequence]:
 def token_sequences(paths) -> list[Sequence]:
     """Sequences of token shards (``tokens_*.npz``), without features: ``start`` is the first answer
     token, ``answer_mask`` marks every answer span."""
-    from eagle2.training.token_shards import answer_mask, read_token_shard
+    from eagle2.training.shards import answer_mask, read_token_shard
 
     seqs = []
     for path in paths:
@@ -245,7 +244,7 @@ def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
     """Right-padded batch: tokens (B, L), features (B, L, H) fp32 (when every sequence has them; else
-    ``online.OnlineFeatures`` adds them), valid (B, L), start (B,),
+    ``features.OnlineFeatures`` adds them), valid (B, L), start (B,),
     layer_features (B, L, k*H) fp32 when every sequence has them, and ``answer`` (B, L) bool when some
     sequence has an ``answer_mask`` (the answer tokens; padding repeats the row's last value, so the
     positions it selects equal the ``start`` rule's for sequences without a mask)."""
@@ -257,7 +256,7 @@ def collate(seqs: list[Sequence], device) -> dict[str, torch.Tensor]:
         valid[row, : len(s.tokens)] = True
     start = torch.tensor([s.start for s in seqs], dtype=torch.long)
     batch = {"tokens": tokens.to(device), "valid": valid.to(device), "start": start.to(device)}
-    if all(s.features is not None for s in seqs):  # else ``online.OnlineFeatures`` adds them
+    if all(s.features is not None for s in seqs):  # else ``features.OnlineFeatures`` adds them
         batch["features"] = _padded([s.features for s in seqs], width).to(device)
     if any(s.answer_mask is not None for s in seqs):
         answer = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -283,7 +282,7 @@ def answer_token_counts(folder: str | Path) -> torch.Tensor:
     """How often each token id occurs in the corpus answers (``answer_mask`` honoured), indexed by id up
     to the largest one seen; a token corpus (``tokens_*.npz`` only) counts its answer spans."""
     if is_token_corpus(folder):
-        from eagle2.training.token_shards import read_token_shard, token_shard_paths
+        from eagle2.training.shards import read_token_shard, token_shard_paths
 
         answers = [torch.tensor(ids[a:b]) for p in token_shard_paths(folder) for ids, spans in read_token_shard(p)[0]
                    for a, b in spans]

@@ -1,7 +1,7 @@
 """REST datastores (``eagle2.heads.rest_datastore``) from a corpus; ``python -m experiments.ops.build_datastore``
 builds and caches them under ``artifacts/work/rest/`` (it loads the model's tokenizer, which this layer does not).
 
-``chat`` takes whole conversations from token shards (``eagle2.training.token_shards``; ``--shards`` names
+``chat`` takes whole conversations from token shards (``eagle2.training.shards``; ``--shards`` names
 the folders, default ``artifacts/work/sharegpt/tokens`` (``train_head.py train=sharegpt stage=sharegpt``)
 when it exists, else ``artifacts/corpus/smollm2_conversations``); ``code`` takes each record's
 instruction (with its input) and its answer as two entries, as the authors add each message of a
@@ -29,7 +29,7 @@ def default_out(model: str, corpus: str) -> Path:
 
 def chat_entries(folders: list[Path]):
     """Every conversation's token ids in the token shards of ``folders``."""
-    from eagle2.training.token_shards import read_token_shard, token_shard_paths
+    from eagle2.training.shards import read_token_shard, token_shard_paths
 
     paths = [p for folder in folders for p in token_shard_paths(folder)]
     if not paths:
@@ -41,8 +41,8 @@ def chat_entries(folders: list[Path]):
 
 def code_entries(tokenizer, path: Path = CODE_RECORDS):
     """Each Code Alpaca record's instruction (+ input) and answer, tokenized without special tokens (any
-    benchmark question dropped, ``eagle2.training.corpus.training_records``)."""
-    from eagle2.training.corpus import training_records
+    benchmark question dropped, ``eagle2.training.corpora.prompts.training_records``)."""
+    from eagle2.training.corpora.prompts import training_records
 
     for prompt, answer in tqdm(training_records(path), desc="datastore: tokenizing code"):
         for text in (prompt, answer):

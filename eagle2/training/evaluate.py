@@ -13,24 +13,23 @@ Two measures, on sequences in the corpus format (the target's own greedy answers
 
 Both measures are ``agreement``'s definitions (the trainer's validation rows use the same ones, on
 fp32 LM heads). All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
-and its own earlier drafts through a 4D mask. ``build_mtbench_heldout`` answers the MT-bench first
-turns greedily with the target, the headline held-out set. The recipe's eval stage is ``recipe.eval_stage``.
+and its own earlier drafts through a 4D mask. Each objective gives its loss and its chain drafter
+(``objectives/``); the recipe's eval stage is ``recipe.eval_stage``.
 """
 
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import torch
 
-from eagle2.core.cache import forward_target, new_cache
+from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
-from eagle2.training.agreement import accepted_lengths, chain_summary, ranked_ids
+from eagle2.training.agreement import accepted_lengths, chain_summary
 from eagle2.training.data import Sequence, evenly_spaced
-from eagle2.training.losses import LossProjection, draft_loss, evaluate_loss, head_loss
+from eagle2.training.losses import evaluate_loss
 
 
 def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None,
@@ -54,7 +53,7 @@ def chain_mask(n_true: int, last_true: torch.Tensor, steps_done: int, dtype: tor
 
 
 @torch.no_grad()
-def _feature_chain(head, inputs: torch.Tensor, to_token, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+def feature_chain(head, inputs: torch.Tensor, to_token, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
     """(A, depth) tokens drafted greedily by a feature-level head from each anchor: it reads
     ``inputs`` (the target features it consumes) along the true prefix, then its own outputs;
     ``to_token`` turns an output into the drafted target token id."""
@@ -77,40 +76,6 @@ def _feature_chain(head, inputs: torch.Tensor, to_token, seq: Sequence, anchors:
     return torch.stack(drafts, dim=1)
 
 
-def head_chain(head, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
-    """(A, depth) tokens drafted greedily by an EAGLE head (through the target's LM head ``proj``)."""
-    return _feature_chain(head, seq.features, lambda f: ranked_ids(proj(f), 1)[:, 0], seq, anchors, depth)
-
-
-def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
-    """(A, depth) tokens drafted greedily by an EAGLE-3 head (its own LM head, mapped to target ids)."""
-    readout, ids = head.drafting_lm_head(), head.draft_token_ids()
-
-    def to_token(f):
-        return ranked_ids(readout(f), 1, ids)[:, 0]
-    return _feature_chain(head, seq.layer_features, to_token, seq, anchors, depth)
-
-
-@torch.no_grad()
-def draft_chain(draft, proj: LossProjection, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
-    """(A, depth) tokens drafted greedily by a causal-LM draft model from each anchor."""
-    device = next(draft.parameters()).device
-    dtype = next(draft.parameters()).dtype
-    tokens = seq.tokens.to(device)
-    n_true = len(tokens)  # the draft reads t[0..j+1] itself
-    last = torch.tensor(anchors, device=device) + 1
-    cache = new_cache(draft)
-    hidden = forward_target(draft, tokens[None], cache, position_ids=torch.arange(n_true, device=device)[None])
-    tok = proj(hidden[0, last]).argmax(-1)
-    drafts = [tok]
-    for d in range(1, depth):
-        hidden = forward_target(draft, tok[None], cache, attention_mask=chain_mask(n_true, last, d - 1, dtype),
-                                position_ids=(last + d)[None])
-        tok = proj(hidden[0]).argmax(-1)
-        drafts.append(tok)
-    return torch.stack(drafts, dim=1)
-
-
 def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: int = 4,
                      max_anchors_per_sequence: int | None = 64) -> dict:
     """P(accepted length >= d), d = 1..depth, and tau over all anchors of ``seqs``."""
@@ -126,79 +91,29 @@ def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: 
     return chain_summary(torch.cat(lengths), depth)
 
 
-def chain_tau_measure(kind: str, target, seqs: list[Sequence], cfg):
+def chain_tau_measure(chain, target, seqs: list[Sequence], cfg):
     """A trainer ``val_extra`` (``loop.fit``): the greedy-chain tau on ``seqs`` (settings ``cfg``: the eval
-    stage's depth, stride, anchors) of the ``kind`` (``head`` | ``eagle3``) head being trained."""
-    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    stage's depth, stride, anchors) of the module being trained, drafting with ``chain(module, target)``."""
 
     @torch.no_grad()
     def measure(module) -> dict:
-        chain_fn = partial(eagle3_chain, module) if kind == "eagle3" else partial(head_chain, module, proj)
-        chain = chain_acceptance(chain_fn, seqs, depth=cfg.depth, stride=cfg.stride,
-                                 max_anchors_per_sequence=cfg.max_anchors_per_sequence)
-        return {"chain_tau": chain["tau"]}
+        result = chain_acceptance(chain(module, target), seqs, depth=cfg.depth, stride=cfg.stride,
+                                  max_anchors_per_sequence=cfg.max_anchors_per_sequence)
+        return {"chain_tau": result["tau"]}
 
     return measure
 
 
-def _tf_settings(cfg) -> dict:
-    return {"token_budget": cfg.token_budget, "max_batch": cfg.max_batch, "max_sequences": cfg.max_sequences}
-
-
-def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
-    """Teacher-forced top-1/top-4 and greedy-chain acceptance of an EAGLE head on ``seqs``."""
+def evaluate_drafter(module, seqs: list[Sequence], cfg, loss_fn, chain_fn) -> dict:
+    """Teacher-forced top-1/top-4 (``loss_fn``'s stats, no noise) and greedy-chain acceptance (``chain_fn``) of
+    a drafter on ``seqs`` (at most ``cfg.max_sequences``, evenly spaced), with the eval settings ``cfg``."""
     seqs = evenly_spaced(seqs, cfg.max_sequences)
-    proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    head.eval()
-    tf = evaluate_loss(head, partial(head_loss, proj=proj, noise=0.0, w_reg=1.0, w_cls=0.1), seqs,
-                       device=head.fc.weight.device, **_tf_settings(cfg))
-    chain = chain_acceptance(partial(head_chain, head, proj), seqs, depth=cfg.depth, stride=cfg.stride,
+    module.eval()
+    tf = evaluate_loss(module, loss_fn, seqs, device=next(module.parameters()).device, token_budget=cfg.token_budget,
+                       max_batch=cfg.max_batch, max_sequences=cfg.max_sequences)
+    chain = chain_acceptance(chain_fn, seqs, depth=cfg.depth, stride=cfg.stride,
                              max_anchors_per_sequence=cfg.max_anchors_per_sequence)
     return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
-
-
-def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
-    """Teacher-forced top-1/top-4 (full-vocabulary argmax) and greedy-chain acceptance of an EAGLE-3 head."""
-    from eagle2.training.losses import eagle3_loss
-
-    seqs = evenly_spaced(seqs, cfg.max_sequences)
-    proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    head.eval()
-    tf = evaluate_loss(head, partial(eagle3_loss, proj=proj), seqs, device=head.fc.weight.device,
-                       **_tf_settings(cfg))
-    chain = chain_acceptance(partial(eagle3_chain, head), seqs, depth=cfg.depth, stride=cfg.stride,
-                             max_anchors_per_sequence=cfg.max_anchors_per_sequence)
-    return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
-
-
-def evaluate_draft(draft, target, seqs: list[Sequence], cfg) -> dict:
-    """Teacher-forced top-1/top-4 and greedy-chain acceptance of an SpS draft model on ``seqs``."""
-    seqs = evenly_spaced(seqs, cfg.max_sequences)
-    proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    own = LossProjection(draft.get_output_embeddings(), torch.float32)
-    draft.eval()
-    tf = evaluate_loss(draft, partial(draft_loss, proj=proj, draft_proj=own), seqs,
-                       device=next(draft.parameters()).device, **_tf_settings(cfg))
-    chain = chain_acceptance(partial(draft_chain, draft, own), seqs, depth=cfg.depth, stride=cfg.stride,
-                             max_anchors_per_sequence=cfg.max_anchors_per_sequence)
-    return {"sequences": len(seqs), "teacher_forced": tf, "chain": chain}
-
-
-def build_mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: str, system_prompt: str | None,
-                          max_new_tokens: int, batch_size: int = 16, limit: int | None = None,
-                          benchmark: str = "mt_bench", benchmarks_dir: str | Path | None = None,
-                          stop_tokens=(), tap_layers=()) -> Path:
-    """Greedy target answers to the benchmark's first turns, as corpus shards in ``out_dir``
-    (resumable; reused when already complete), with the ``tap_layers`` inputs when given."""
-    from eagle2.prompts.questions import benchmark_file, load_questions
-    from eagle2.training.corpus import build_corpus
-
-    questions = load_questions(benchmark_file(benchmark, benchmarks_dir), limit)
-    prompts = [q["turns"][0] for q in questions]
-    return build_corpus(target, tokenizer, prompts, out_dir, template=template, system_prompt=system_prompt,
-                        batch_size=batch_size, max_new_tokens=max_new_tokens, max_prompt_tokens=1 << 30,
-                        temperature=0.0, samples_per_prompt=1, seed=0, stop_tokens=stop_tokens,
-                        tap_layers=tap_layers)
 
 
 def write_eval_json(folder: str | Path, metrics: dict, name: str = "eval.json") -> Path:

@@ -41,7 +41,6 @@ from tqdm import tqdm
 from eagle2.core.cpu import cpu_has_native_bf16, cpu_kind
 from eagle2.training import distributed
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
-from eagle2.training.joint import clip_gradients
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
 from eagle2.training.warm_state import read_warm_state
@@ -309,7 +308,9 @@ class Trainer:
         _, tokens = distributed.all_reduce_gradients(self.params, positions, tokens)
         if with_stats:
             stats = distributed.merge_stats(stats)
-        grad_norm = clip_gradients(self.module, self.params, self.cfg.grad_clip)
+        clip = getattr(self.module, "clip_gradients", None)  # per head for ``objectives.joint.JointHeads``
+        grad_norm = clip(self.cfg.grad_clip) if clip else float(torch.nn.utils.clip_grad_norm_(self.params,
+                                                                                                 self.cfg.grad_clip))
         self.opt.step()
         self.sched.step()
         self.step += 1

@@ -1,21 +1,13 @@
-"""The training losses of EAGLE heads and SpS draft models, and their position-weighted evaluation.
+"""The loss pieces every training objective shares, and their position-weighted evaluation.
 
-EAGLE head (as in the EAGLE paper): for every sequence the head reads the pairs ``(t[i+1], f[i])``,
-with ``f[i]`` jittered by uniform noise ``U(-noise, noise)``, under causal attention; its output
-``p[i]`` is regressed onto ``f[i+1]`` with SmoothL1 and, weighted by ``w_cls``, its distribution
-``log_softmax(lm_head(p[i]))`` is fitted to the target's ``softmax(lm_head(f[i+1]))`` (soft
-cross-entropy). Losses count only where ``f[i+1]`` is an answer position (``i+1 >= response_start``);
-the prompt is context. The embedding and LM head are the target's, frozen. ``unroll > 1`` adds draft
-steps on the head's own predicted features, attending as drafting does (``unroll_mask``).
+``LossProjection``: the target's frozen LM head in the loss dtype (``loss_dtype``), optionally restricted to a
+drafting vocabulary; ``soft_cross_entropy``: a head's distribution fitted to the target's (the (rows, vocab)
+logits never held at once); ``unrolled_predictions``: a feature head's draft steps 1..unroll on its own
+outputs, attending as drafting does ("training-time test", ``unroll_mask``); ``combine``: the steps' losses,
+weighted ``step_decay ** i``. Each objective's own loss lives in its module (``objectives/``).
 
-EAGLE-3 head (``eagle3_loss``): no feature regression; the cross-entropy of its own draft-vocabulary
-distribution against the target's, restricted to that vocabulary, at every unrolled step.
-
-SpS draft model: a soft cross-entropy (KL up to a constant) of the draft's next-token distribution
-against the target's ``softmax(lm_head(f[j]))`` at the answer positions (optionally the prompt too).
-
-Agreement stats (top-1 / top-4, per step) come from ``agreement`` (the one definition the eval stage
-uses too); when not training (validation, evaluation) every loss uses the exact fp32 LM head
+Agreement stats (top-1 / top-4, per step) come from ``agreement`` (the one definition the eval stage uses
+too); when not training (validation, evaluation) every loss uses the exact fp32 LM head
 (``LossProjection.exact``), whatever the training loss dtype, so the figures do not depend on it.
 """
 
@@ -28,10 +20,9 @@ import torch.nn.functional as F
 
 from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
-from eagle2.heads.eagle_head import EagleHead, causal_mask
+from eagle2.heads.eagle_head import causal_mask
 from eagle2.training.agreement import (
     Tally,
-    agreement,
     agreement_counts,
     as_means,
     counted_positions,
@@ -39,6 +30,17 @@ from eagle2.training.agreement import (
     target_ids,
 )
 from eagle2.training.data import Sequence, collate, evenly_spaced, make_batches
+
+
+def loss_dtype(name: str) -> torch.dtype:
+    """A loss dtype setting; ``auto`` is bf16 where the CPU multiplies bf16 natively (~2.5x faster
+    there) and fp32 elsewhere (on an AVX2-only CPU a bf16 LM-head matmul is many times slower)."""
+    from eagle2.core.cpu import cpu_has_native_bf16
+    from eagle2.core.precision import resolve_dtype
+
+    if name == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return resolve_dtype(name)
 
 
 class LossProjection:
@@ -106,7 +108,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return grad * (grad_out / ctx.n), None, None, None, None, None, None
 
 
-class _LogitsSoftCrossEntropy(torch.autograd.Function):
+class LogitsSoftCrossEntropy(torch.autograd.Function):
     """Mean over rows of ``-sum_v q_v log softmax(z)_v`` for given logits ``z`` (N, V) and targets ``q``:
     the gradient ``softmax(z) - q`` is formed in the forward and kept in ``z``'s dtype (bf16 under
     autocast), so no fp32 (N, V) log-probabilities are stored for a backward through log_softmax."""
@@ -174,19 +176,19 @@ def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer:
         yield step, pred, answer[:, step - 1:]
 
 
-def _answer_positions(batch: dict) -> torch.Tensor:
+def answer_positions(batch: dict) -> torch.Tensor:
     """(B, L-1): head position j counts when ``f[j+1]`` is an answer position (``agreement``'s rule)."""
     return counted_positions(batch["valid"], batch["start"], batch.get("answer"))
 
 
-def _subsample(n: int, fraction: float, generator, device) -> torch.Tensor | None:
+def subsample(n: int, fraction: float, generator, device) -> torch.Tensor | None:
     """A random ``fraction`` of ``n`` positions (None: all of them)."""
     if fraction >= 1:
         return None
     return torch.randperm(n, generator=generator, device=device)[: max(1, round(n * fraction))]
 
 
-def _combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor, step_decay: float = 1.0):
+def combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor, step_decay: float = 1.0):
     """The steps' losses averaged with weights ``step_decay ** i`` (i = 0 for step 1; 1.0: a plain mean)."""
     if not step_losses:
         return like.sum() * 0.0, {"loss": 0.0, "top1": 0.0, "n": 0}
@@ -198,124 +200,6 @@ def _combine(step_losses: list[torch.Tensor], stats: dict, like: torch.Tensor, s
     stats["loss"] = total.item()
     stats.setdefault("n", 0)
     return total, stats
-
-
-def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: float, w_reg: float,
-              w_cls: float, unroll: int = 1, unroll_cls_fraction: float = 1.0,
-              generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
-    """EAGLE loss over a batch; returns (loss, stats). Noise only when ``train``; agreement stats
-    (top-1, and top-4 when not training) only ``with_stats``.
-
-    ``unroll > 1`` adds the loss of draft steps 2..unroll (``unrolled_predictions``), each fitted to
-    ``f[j+1]`` like step 1. The steps' losses are averaged; ``top1`` stays step 1's, ``top1_s{s}`` is
-    step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most of the cost) of steps >= 2 may
-    use a random ``unroll_cls_fraction`` of their positions when training: an unbiased estimate at a
-    fraction of the cost."""
-    proj = proj if train else proj.exact()
-    feats = batch["features"]
-    f_in = feats[:, :-1]
-    if train and noise > 0:
-        jitter = torch.rand(f_in.shape, generator=generator, device=f_in.device, dtype=f_in.dtype)
-        f_in = f_in + (jitter * 2 - 1) * noise
-    losses, stats = [], {}
-    for step, pred, sel in unrolled_predictions(head, batch["tokens"], f_in, _answer_positions(batch), unroll):
-        n = int(sel.sum())
-        if n == 0:
-            continue
-        p, y = pred[sel], feats[:, step:][sel]
-        reg = F.smooth_l1_loss(p, y)
-        pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
-        p_cls, y_cls = (p, y) if pick is None else (p[pick], y[pick])
-        cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0)
-        losses.append(w_reg * reg + w_cls * cls)
-        if step == 1:
-            step_stats.pop("entropy", None)
-            stats.update(step_stats, reg=reg.item(), cls=cls.item(), n=n)
-        elif "top1" in step_stats:
-            stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
-    return _combine(losses, stats, feats)
-
-
-def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
-                step_decay: float = 1.0, generator: torch.Generator | None = None, train: bool = True,
-                with_stats: bool = True):
-    """EAGLE-3 loss over a batch (tokens only, no feature regression): at every draft step, the
-    cross-entropy of the head's own draft-vocabulary distribution ``lm_head(norm(p))`` against the
-    target's next-token distribution restricted to the draft vocabulary, ``softmax(lm_head_T(f[j+1])[draft])``
-    (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
-    (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
-    may use a random ``unroll_cls_fraction`` of their positions when training; step ``i`` (from 0) weighs
-    ``step_decay ** i`` (EAGLE-3's authors: 0.8, normalized here by the weights' sum). ``top1`` (step 1) is
-    agreement with the target's argmax over the FULL vocabulary (a token outside the draft vocabulary is
-    a miss), as ``agreement`` defines it, in training rows too (computed on logged steps only)."""
-    proj = proj if train else proj.exact()
-    if "layer_features" not in batch:
-        raise ValueError("an EAGLE-3 head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
-    feats = batch["features"]
-    ids = head.draft_token_ids()
-    draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
-    readout = head.drafting_lm_head()
-    losses, stats = [], {}
-    for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
-                                                _answer_positions(batch), unroll):
-        n = int(sel.sum())
-        if n == 0:
-            continue
-        p, y = pred[sel], feats[:, step:][sel]
-        pick = _subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
-        if pick is not None:
-            p, y = p[pick], y[pick]
-        logits = readout(p)
-        with torch.no_grad():
-            q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
-        ce = _LogitsSoftCrossEntropy.apply(logits, q)
-        losses.append(ce)
-        if with_stats:
-            with torch.no_grad():
-                step_stats = agreement(logits.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
-                                       vocab_ids=ids)
-            if step == 1:
-                stats.update(step_stats, cls=ce.item())
-            else:
-                stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
-        elif step == 1:
-            stats["n"] = n
-    return _combine(losses, stats, feats, step_decay)
-
-
-def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,
-               draft_proj: LossProjection | None = None, generator: torch.Generator | None = None,
-               train: bool = True, with_stats: bool = True):
-    """Soft cross-entropy of the draft against the target's next-token distribution. ``proj`` is the
-    target's LM head; ``draft_proj`` the draft's when it has its own (default: shared, ``proj``)."""
-    proj = proj if train else proj.exact()
-    tokens, feats, valid, start = batch["tokens"], batch["features"], batch["valid"], batch["start"]
-    b, length = tokens.shape
-    pos = torch.arange(length, device=tokens.device)
-    hidden = draft.base_model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos.expand(b, -1),
-                              use_cache=False).last_hidden_state
-    if loss_on_prompt:
-        sel = valid
-    elif "answer" in batch:  # several answers: position i counts when token i+1 is an answer token
-        sel = valid & torch.cat([batch["answer"][:, 1:], batch["answer"][:, -1:]], dim=1)
-    else:
-        sel = valid & (pos[None] + 1 >= start[:, None])
-    n = int(sel.sum())
-    if n == 0:
-        return hidden.sum() * 0.0, {"loss": 0.0, "kl": 0.0, "top1": 0.0, "n": 0}
-    if draft_proj is None:
-        ce, stats = soft_cross_entropy(hidden[sel], feats[sel], proj,
-                                       topk=(1 if train else 4) if with_stats else 0)
-    else:  # a draft with its own LM head (a hub checkpoint): evaluation only
-        q_logits = proj(feats[sel])
-        logp = torch.log_softmax(draft_proj(hidden[sel]), dim=-1)
-        q = torch.softmax(q_logits, -1)
-        ce = -(q * logp).sum(-1).mean()
-        stats = {**agreement(logp, q_logits), "entropy": -(q * torch.log_softmax(q_logits, -1)).sum(-1).mean().item()}
-    if "entropy" in stats:
-        stats["kl"] = ce.item() - stats.pop("entropy")
-    stats.update(loss=ce.item(), n=n)
-    return ce, stats
 
 
 @torch.no_grad()

@@ -1,37 +1,14 @@
-"""The models being trained: a fresh EAGLE or EAGLE-3 head for a target, and what of a trained module is
-stored."""
+"""What of a trained module is stored: its checkpointed state (the target's shared weights left out), and its
+export (a weights folder in its format, its dtype, its size limit, the ``training.json`` card beside it)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
-from eagle2.core.features import eagle3_layers
-from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target
-from eagle2.heads.eagle_head import EagleHead, head_config_from_target
-
 SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # the target's, never stored with a drafter
-
-
-def new_head(target, init_from_target: bool = False, num_layers: int = 1) -> EagleHead:
-    """A fresh fp32 head for ``target``: default (random) init, or its layer from the target's last
-    decoder layer and ``fc = [0 | I]`` so the feature passes straight through at the start. On
-    SmolLM2 the latter trained worse (30 steps: held-out top-1 0.016 vs 0.23 for random init; 0.066
-    with the copied layer's o_proj/down_proj zeroed), so random init is the default."""
-    head = EagleHead(head_config_from_target(target.config, num_layers), bias=True)
-    if init_from_target:
-        last = target.base_model.layers[-1]
-        layer = head.layers[0]
-        layer.self_attn.load_state_dict(last.self_attn.state_dict())
-        layer.mlp.load_state_dict(last.mlp.state_dict())
-        layer.post_attention_layernorm.load_state_dict(last.post_attention_layernorm.state_dict())
-        h = head.config.hidden_size
-        with torch.no_grad():
-            head.fc.weight.zero_()
-            head.fc.weight[:, h:].copy_(torch.eye(h))
-            if head.fc.bias is not None:
-                head.fc.bias.zero_()
-    head.attach_embedding(target.get_input_embeddings())
-    return head.to(target.device, torch.float32)
 
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -39,22 +16,6 @@ def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     with its own LM head, such as an EAGLE-3 head, says so with ``shared_keys = ()``)."""
     shared = getattr(module, "shared_keys", SHARED_KEYS)
     return {k: v for k, v in module.state_dict().items() if k not in shared and "rotary" not in k}
-
-
-def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
-    """A fresh fp32 EAGLE-3 head for ``target`` drafting over the target tokens ``draft_ids``: random
-    ``fc`` and layer, its ``norm`` and ``lm_head`` started from the target's final norm and the target's
-    LM-head rows of those tokens (the head then begins as the target's own read-out)."""
-    L = target.config.num_hidden_layers
-    head = Eagle3Head(eagle3_config_from_target(target.config, len(torch.unique(draft_ids))), eagle3_layers(L))
-    head.set_draft_vocabulary(draft_ids)
-    with torch.no_grad():
-        head.norm.weight.copy_(target.base_model.norm.weight)
-        ids = head.draft_token_ids()
-        weight = target.get_output_embeddings().weight
-        head.lm_head.weight.copy_(weight if ids is None else weight[ids.to(weight.device)])
-    head.attach_embedding(target.get_input_embeddings())
-    return head.to(target.device, torch.float32)
 
 
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -69,3 +30,25 @@ def export_dtype(module: torch.nn.Module, max_mb: float, dtype: str = "auto") ->
         return EXPORT_DTYPES[dtype]
     numel = sum(v.numel() for v in trainable_state(module).values())
     return torch.float32 if numel * 4 <= max_mb * 1e6 else torch.float16
+
+
+def export(module: torch.nn.Module, save, summary: dict, cfg, root: Path, *, kind: str, export_key: str,
+           section: str | None = None) -> Path:
+    """Store a trained ``module`` with ``save(module, folder, dtype=)`` at ``train.export.<export_key>`` (under
+    ``train.export.<export_key>_max_mb``, in ``train.export.dtype``), with its card ``training.json``: the corpus
+    and recipe settings (``train.<section>``, default ``train.<kind>``), the shards the trainer read, the summary."""
+    from omegaconf import OmegaConf
+
+    max_mb, section = cfg.train.export[f"{export_key}_max_mb"], section or kind
+    dtype = export_dtype(module, max_mb, cfg.train.export.get("dtype", "bfloat16"))
+    folder = Path(save(module, root / cfg.train.export[export_key], dtype=dtype))
+    size = (folder / "model.safetensors").stat().st_size / 1e6
+    if size > max_mb:
+        raise RuntimeError(f"{folder}/model.safetensors is {size:.1f} MB, over the {max_mb} MB limit")
+    summary = dict(summary)
+    info = {"kind": kind, "target": cfg.model.name, "corpus": OmegaConf.to_container(cfg.train.corpus),
+            "corpus_shards": summary.pop("corpus_shards"), **({"trained_in": section} if section != kind else {}),
+            "recipe": OmegaConf.to_container(cfg.train[section]), "stored_dtype": str(dtype).replace("torch.", ""),
+            "summary": summary}
+    (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
+    return folder

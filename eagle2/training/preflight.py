@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from eagle2.training.objectives import objectives
 from eagle2.training.warm_state import read_warm_state
 
 CORPUS_PATTERNS = ("shard_*.safetensors", "tokens_*.npz")  # feature shards, or token shards (online features)
-TRAINING_SECTIONS = {"head": "head", "eagle3": "eagle3", "draft": "draft", "medusa": "medusa",
-                     "hydra": "hydra"}  # stage -> section
-EVAL_EXPORTS = {"head": ("head", "head"), "eagle3": ("eagle3_head", "eagle3"), "draft": ("draft", "draft")}
 
 
 class PreflightError(ValueError):
@@ -42,19 +42,18 @@ def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
             missing = [p for p in prompts if not (root / p).is_file()]
             if missing:
                 raise PreflightError(f"stage=corpus reads train.corpus.prompts, and {root / missing[0]} does not exist")
-        if stage in ("head", "eagle3", "draft") and "corpus" not in before:
-            _need_corpus(root / train.corpus.out_dir, "train.corpus.out_dir", stage, "corpus")
-        if stage in ("medusa", "hydra") and "corpus" not in before:
-            section = stage if (train.get(stage) or {}).get("corpus_dir") else "medusa"  # hydra: medusa's unless set
-            _need_corpus(root / train[section].corpus_dir, f"train.{section}.corpus_dir", stage, "corpus")
+        objective = objectives().get(stage)
+        if objective is not None and "corpus" not in before:
+            key = f"train.{objective.corpus_key}"
+            _need_corpus(root / OmegaConf.select(cfg, key), key, stage, "corpus")
         if stage == "own_answers" and "sharegpt" not in before:
             _need_corpus(root / train.own_answers.source, "train.own_answers.source", stage, "sharegpt")
         if stage == "features" and "conversations" not in before:
             _need_corpus(root / train.conversations.out_dir, "train.conversations.out_dir", stage, "conversations")
         if stage == "eval":
             _check_exports(cfg, root, before)
-        if stage in TRAINING_SECTIONS:
-            read_warm_state((train.get(TRAINING_SECTIONS[stage]) or {}).get("resume_dir"))  # raises WarmStateError
+        if objective is not None:
+            read_warm_state((train.get(stage) or {}).get("resume_dir"))  # raises WarmStateError
 
 
 def _check_exports(cfg, root: Path, before: set[str]) -> None:
@@ -62,7 +61,7 @@ def _check_exports(cfg, root: Path, before: set[str]) -> None:
     from eagle2.heads.locations import check_weights_location
 
     for kind in cfg.train.eval.kinds:
-        export_key, stage = EVAL_EXPORTS.get(str(kind), (None, None))
+        export_key, stage = getattr(objectives().get(str(kind)), "export_key", None), str(kind)
         if export_key is None or stage in before:
             continue  # an unknown kind is the eval stage's own one-line error
         location = cfg.train.export.get(export_key)

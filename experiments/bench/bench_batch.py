@@ -9,7 +9,13 @@ the speedup over plain at the same B beside it, then batched plain's B-over-B=1 
 row (``eagle2.bench.cost_profile.measure_verify``). Writes the rows, ``batch_scaling.csv`` / ``.md`` and
 the figure (``analysis.batch_scaling``) into ``--results``, and copies the PNG to ``--figure``.
 
+``--per-row`` also runs every drafting method at each B > 1 with ``batch_drafting=false`` (each row drafts alone,
+the path before batched drafting) right after its batched run, into ``<results>-per_row`` (beside, not under:
+the scaling table reads ``--results`` recursively), and prints both
+throughputs side by side with the speedup over plain at that B.
+
     python -m experiments.bench.bench_batch --limit 8 --max-new-tokens 32 --threads 1
+    python -m experiments.bench.bench_batch --limit 4 --max-new-tokens 32 --methods plain,eagle2 --per-row
 """
 
 from __future__ import annotations
@@ -49,6 +55,26 @@ def cell_config(args, method: str, batch_size: int, questions: Path, results: Pa
             f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *args.overrides])
 
 
+def per_row_results(results: Path) -> Path:
+    """Where ``--per-row`` cells go: beside ``results``, never under it (its tables read it recursively)."""
+    return results.with_name(results.name + "-per_row")
+
+
+def per_row_lines(table: pd.DataFrame, per_row: pd.DataFrame) -> str:
+    """Markdown: per drafting method and B > 1, throughput with batched and with per-row drafting, each with its
+    speedup over plain at that B (plain from the batched run: plain drafts nothing)."""
+    plain = table[table.method == "plain"].set_index("batch_size").throughput
+    alone = per_row.set_index(["method", "batch_size"]).throughput
+    lines = ["| method | B | batched drafting, tokens/s | per-row drafting, tokens/s | batched / per-row |",
+             "|---|---:|---:|---:|---:|"]
+    for r in table[(table.method != "plain") & (table.batch_size > 1)].itertuples():
+        other = alone.get((r.method, r.batch_size), float("nan"))
+        base = plain.get(r.batch_size, float("nan"))
+        lines.append(f"| {r.method} | {r.batch_size} | {r.throughput:.2f} ({r.throughput / base:.2f}x plain) | "
+                     f"{other:.2f} ({other / base:.2f}x plain) | {r.throughput / other:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def forward_cost_ratio(cfg, batch_size: int, context: int = 128, reps: int = 10) -> float:
     """One target forward (+ LM head) over ``batch_size`` rows of one token after ``context`` tokens, over
     the same for one row: the most batched plain decoding can gain is ``batch_size`` / this."""
@@ -68,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=16, help="warm-up tokens before each cell (untimed)")
     ap.add_argument("--results", default=None, help="default: results/bench_batch/<UTC time>")
     ap.add_argument("--figure", default="docs/figures/batch_scaling.png", help="where the PNG is copied ('' = not)")
+    ap.add_argument("--per-row", action="store_true", help="also run each drafting method with batch_drafting=false")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every cell, e.g. model.dtype=bfloat16")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -79,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     for batch_size in sizes:  # every method at one B back to back: one comparison, one machine load
         for method in methods:
             run(cell_config(args, method, batch_size, questions, results))
+            if args.per_row and batch_size > 1 and method != "plain":  # the same B, the same load, right after
+                cfg = cell_config(args, method, batch_size, questions, per_row_results(results))
+                cfg.batch_drafting = False
+                run(cfg)
     minutes = (time.time() - started) / 60
     table = scaling_table(load_rows(results))
     table.to_csv(results / "batch_scaling.csv", index=False)
@@ -93,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Batched decoding on {cpu_kind()} ({torch.get_num_threads()} thread(s)), SmolLM2, "
           f"{args.limit} MT-bench first turns, {args.max_new_tokens} new tokens, {minutes:.1f} min\n")
     print(text)
+    if args.per_row:
+        print("Batched against per-row drafting (the same cells, run back to back):\n")
+        print(per_row_lines(table, scaling_table(load_rows(per_row_results(results)))))
     if 1 in plain and top in plain:
         gain = plain[top] / plain[1]
         print(f"Batched plain throughput B={top} / B=1: {gain:.2f}x (goal >= 4x: {'met' if gain >= 4 else 'missed'}); "

@@ -2,7 +2,7 @@
 
 ``--compare joint`` (the default): the EAGLE and the EAGLE-3 head both trained on the same batches, end to
 end (the target's teacher-forced forward included), the old way (each head its own forward, fp32 weights under
-the training autocast) against the joint step (``eagle2/training/joint.py``: one forward on the bf16 copy of
+the training autocast) against the joint step (``eagle2/training/objectives/joint.py``: one forward on the bf16 copy of
 the target's weights where native, both heads' steps after it); prints tokens/s of both heads per way and the
 median ratio.
 
@@ -30,11 +30,10 @@ from omegaconf import OmegaConf
 from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
 from eagle2.training.data import collate, make_batches, split_shards, token_sequences
+from eagle2.training.features import OnlineFeatures
 from eagle2.training.loop import autocast_dtype
-from eagle2.training.losses import LossProjection, evaluate_loss, head_loss
-from eagle2.training.models import new_head
-from eagle2.training.online import OnlineFeatures
-from eagle2.training.train import loss_dtype
+from eagle2.training.losses import LossProjection, evaluate_loss, loss_dtype
+from eagle2.training.objectives.eagle import head_loss, new_head
 
 
 def _batches(corpus: str, token_budget: int, count: int, val_fraction: float = 0.1):
@@ -54,8 +53,7 @@ def _step(head, opt, loss_fn, batch, amp):
 
 def _heads(target, vocab):
     """Fresh EAGLE and EAGLE-3 heads with the SmolLM2 recipe's losses (drafting vocabulary ``vocab``)."""
-    from eagle2.training.losses import eagle3_loss
-    from eagle2.training.models import new_eagle3_head
+    from eagle2.training.objectives.eagle3 import eagle3_loss, new_eagle3_head
 
     torch.manual_seed(0)
     ldt = loss_dtype("auto")
@@ -70,8 +68,8 @@ def _heads(target, vocab):
 
 def compare_joint(target, raw, vocab, reps: int, amp) -> None:
     """Both heads per batch: separate forwards (fp32 weights, autocast) vs one joint forward (bf16 body)."""
-    from eagle2.training.joint import JointHeads, joint_loss
-    from eagle2.training.online import body_dtype
+    from eagle2.training.features import body_dtype
+    from eagle2.training.objectives.joint import JointHeads, joint_loss
 
     heads = _heads(target, vocab)
     taps = heads["eagle3"][0].feature_layers

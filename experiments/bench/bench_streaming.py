@@ -38,7 +38,7 @@ MODES = {"in memory": None, "streamed": "resident"}
 
 def write_corpus(folder: Path, shards: int, per_shard: int, length: int, hidden: int, vocab: int) -> Path:
     """``shards`` feature shards of random sequences (skipped when they are there)."""
-    from eagle2.training.corpus import write_shard
+    from eagle2.training.shards import write_shard
 
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
@@ -62,7 +62,7 @@ def child(args) -> None:
     from hydra import compose, initialize_config_dir
 
     from eagle2.bench.models import load_target
-    from eagle2.training.train import train_head
+    from eagle2.training.objectives.eagle import train_head
 
     torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):

@@ -7,7 +7,8 @@
 NAME is one of conf/experiment/*.yaml; every other argument is a Hydra override handed to
 ``python run.py -m experiment=NAME``. tree_budget also runs its plain baseline (plain decoding has no tree
 settings, so it cannot share the grid); equal_budgets also runs its 60-node pair (a static tree of
-60 nodes, the first 60 of mc_sim_7b_63 in ``model.medusa_choices``, against EAGLE-2 at total_tokens=60).
+60 nodes, the first 60 of ``model.mc_sim_7b_63``, against EAGLE-2 at total_tokens=60): each
+experiment lists such runs as ``extra_runs`` in its YAML.
 The report of ``results/NAME`` goes to ``report/NAME``. Finished
 rows are never redone, so the same command resumes a killed sweep.
 """
@@ -23,21 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def _first_nodes(count: int) -> str:
-    """The first ``count`` paths of the 63-node mc_sim_7b_63 tree (conf/model/_base.yaml), as an override value."""
+def extra_runs(name: str) -> list[list[str]]:
+    """The experiment's ``extra_runs`` (``conf/experiment/NAME.yaml``): more sweeps, each a list of overrides,
+    kept as written (an interpolation in one resolves when ``run.py`` composes that run)."""
     from omegaconf import OmegaConf
 
-    paths = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "_base.yaml").medusa_choices)[:count]
-    return "[" + ",".join("[" + ",".join(map(str, p)) + "]" for p in paths) + "]"
-
-
-EXTRA_RUNS = {  # name -> more runs of its sweep, each with these overrides
-    "tree_budget": [["method=plain", "hydra.sweeper.params=null"]],
-    "equal_budgets": [["method=eagle", f"method.choices={_first_nodes(60)}", "model.dtype=float32",
-                       "hydra.sweeper.params=null"],
-                      ["method=eagle2", "model.eagle2.total_tokens=60", "model.eagle2.depth=6", "model.eagle2.top_k=10",
-                       "model.dtype=float32", "hydra.sweeper.params=null"]],
-}
+    experiment = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
+    return [[str(o) for o in run] for run in OmegaConf.to_container(experiment, resolve=False).get("extra_runs", [])]
 
 
 def commands(name: str, overrides: list[str], results: str | None, report: str | None) -> list[list[str]]:
@@ -45,7 +38,7 @@ def commands(name: str, overrides: list[str], results: str | None, report: str |
     extra = [*overrides, *([f"paths.results={results}"] if results else [])]
     sweep = [sys.executable, "run.py", "-m", f"experiment={name}"]
     out = [sweep + extra]
-    out += [sweep + more + extra for more in EXTRA_RUNS.get(name, [])]
+    out += [sweep + more + extra for more in extra_runs(name)]
     if report:
         out.append([sys.executable, "-m", "analysis.report", results or f"results/{name}", "--out", report])
     return out

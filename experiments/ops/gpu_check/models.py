@@ -23,6 +23,7 @@ layout (fused features of three layers, draft vocabulary with d2t/t2d), random, 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig
@@ -31,6 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from eagle2.heads.shapes import PUBLISHED, fill_random, llama_config, random_llama
 
 STD = 0.02  # random_llama's weight standard deviation
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def target_config(name: str, layers: int | None = None, head_dim: int | None = None) -> LlamaConfig:
@@ -144,3 +146,32 @@ def rule_share(target, tokens: list[int]) -> float:
     """Share of consecutive pairs in ``tokens`` that follow the planted successor rule."""
     pairs = list(zip(tokens, tokens[1:]))
     return sum(int(target.successor[a]) == b for a, b in pairs) / max(1, len(pairs))
+
+
+def config_dtype(name: str) -> torch.dtype:
+    """The dtype ``conf/model/NAME.yaml`` runs in (its ``dtype``, else ``_base.yaml``'s; read with yaml alone)."""
+    import yaml
+
+    from eagle2.core.precision import resolve_dtype
+
+    for file in (f"{name}.yaml", "_base.yaml"):
+        dtype = (yaml.safe_load((ROOT / "conf" / "model" / file).read_text()) or {}).get("dtype")
+        if dtype:
+            return resolve_dtype(dtype)
+    raise ValueError(f"conf/model/{name}.yaml names no dtype")
+
+
+def eagle2_budget(name: str, scale) -> dict:
+    """The model config's EAGLE-2 budget (conf/model/NAME.yaml ``eagle2``; read with yaml alone)."""
+    if scale.budget:
+        return dict(scale.budget)
+    import yaml
+
+    return dict(yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())["eagle2"])
+
+
+def drafter(head, target, budget: dict):
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    return Eagle2Drafter(head, target.lm_head, target.device, depth=int(budget["depth"]),
+                         top_k=int(budget["top_k"]), total_tokens=int(budget["total_tokens"]))

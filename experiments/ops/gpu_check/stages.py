@@ -9,6 +9,7 @@
 | ``verify_cost`` | T(q)/T(1), q in ``VERIFY_QS`` (1..64) after each context of ``verify_contexts`` (512 and 1984: context + q up to the authors' 2048), both shapes: GPU time (CUDA events, the inputs on the device before the start event, launches hidden behind ``torch.cuda._sleep``) beside wall time | CUDA: GPU-time T(64)/T(1) <= 2 (a 7B forward is weight-bound on a GPU), GPU time <= 1.1 x wall, 0 host syncs inside the timed section |
 | ``draft_cost`` | one EAGLE-2 drafting round at depths 1..D: EAGLE-1/2 head (Vicuna-7B), EAGLE-3 head (LLaMA-3.1-8B) | CUDA: each depth past the 2nd adds at most twice the 2nd's cost (+10% of T(1)) |
 | ``syncs`` | host-device syncs per EAGLE-2 round at T=0 and at T=1 (stochastic acceptance, a CUDA generator): implicit (``torch.cuda.set_sync_debug_mode``), explicit (``torch.cuda.synchronize``) | implicit <= 4 D + 8 per round (provisional until measured) |
+| ``cuda_graphs`` | the compiled path (``engine.compile=true``) with CUDA graphs at the Vicuna-7B shape (``experiments.ops.gpu_check.graphs``): plain and EAGLE-2 greedy, eager then compiled, the rounds captured and replayed | CUDA: the same tokens as eager, graph replays in use, implicit syncs per round no more than eager's |
 
 On CUDA the shapes are the real ones (all layers; ``exact_fp32`` 4 layers) and the EAGLE-2 budget the model config's; on a CPU (the CPU half) 2-layer narrow proxies (head dimension 8, real vocabularies) and a small budget, so the whole set runs in seconds (``syncs`` needs CUDA: skipped).
 
@@ -23,7 +24,6 @@ import math
 import os
 import statistics
 import sys
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +34,12 @@ from eagle2.core.clock import device_clock
 from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
 from experiments.ops.gpu_check import models as gm
+from experiments.ops.gpu_check.graphs import cuda_graphs
+from experiments.ops.gpu_check.models import config_dtype, drafter, eagle2_budget
 from experiments.ops.gpu_check.verify_timing import (
     VERIFY_QS,
     VERIFY_RATIO_MAX,
+    count_syncs,
     cuda_syncs,
     gpu_timer,
     sampled,
@@ -46,9 +49,9 @@ from experiments.ops.gpu_check.verify_timing import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-STAGES = ("audit_vicuna7b", "audit_llama31_8b", "exact_fp32", "verify_cost", "draft_cost", "syncs")
-LIMITS_S = {"audit_vicuna7b": 80, "audit_llama31_8b": 80, "exact_fp32": 45, "verify_cost": 150, "draft_cost": 50,
-            "syncs": 50}  # 455 s together: within the default 480 s budget
+STAGES = ("audit_vicuna7b", "audit_llama31_8b", "exact_fp32", "verify_cost", "draft_cost", "syncs", "cuda_graphs")
+LIMITS_S = {"audit_vicuna7b": 80, "audit_llama31_8b": 80, "exact_fp32": 40, "verify_cost": 125, "draft_cost": 50,
+            "syncs": 50, "cuda_graphs": 50}  # 475 s together: within the default 480 s budget (provisional)
 AUDITED = {"audit_vicuna7b": "vicuna7b", "audit_llama31_8b": "llama31_8b"}  # each in its model config's dtype
 SHAPED = ("vicuna7b", "llama31_8b")  # the verify and draft costs: each in its config's dtype
 DRAFT_CRITERION = "each depth past the 2nd adds <= 2x the 2nd's cost + 10% T(1) (no growth with depth)"
@@ -77,35 +80,6 @@ def scale_for(device: str) -> Scale:
     if torch.device(device).type == "cuda":
         return Scale(device, None, None, 4, 2, 2, 64, 128, 64, 512, (512, 2048 - 64), 5, None)
     return Scale(device, 2, 8, 2, 2, 1, 16, 32, 8, 32, (32, 64), 2, {"total_tokens": 12, "depth": 3, "top_k": 4})
-
-
-def config_dtype(name: str) -> torch.dtype:
-    """The dtype ``conf/model/NAME.yaml`` runs in (its ``dtype``, else ``_base.yaml``'s; read with yaml alone)."""
-    import yaml
-
-    from eagle2.core.precision import resolve_dtype
-
-    for file in (f"{name}.yaml", "_base.yaml"):
-        dtype = (yaml.safe_load((ROOT / "conf" / "model" / file).read_text()) or {}).get("dtype")
-        if dtype:
-            return resolve_dtype(dtype)
-    raise ValueError(f"conf/model/{name}.yaml names no dtype")
-
-
-def eagle2_budget(name: str, scale: Scale) -> dict:
-    """The model config's EAGLE-2 budget (conf/model/NAME.yaml ``eagle2``; read with yaml alone)."""
-    if scale.budget:
-        return dict(scale.budget)
-    import yaml
-
-    return dict(yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())["eagle2"])
-
-
-def drafter(head, target, budget: dict):
-    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
-
-    return Eagle2Drafter(head, target.lm_head, target.device, depth=int(budget["depth"]),
-                         top_k=int(budget["top_k"]), total_tokens=int(budget["total_tokens"]))
 
 
 def decode_pair(target, head, budget: dict, prompt: list[int], new_tokens: int):
@@ -321,29 +295,6 @@ def syncs(scale: Scale, emit) -> None:
               "implicit_sites": where[:40], **_drafting([out])})
 
 
-def count_syncs(run):
-    """(run()'s result, implicit syncs, explicit syncs, where the implicit ones were) on CUDA."""
-    explicit, real_sync = [0], torch.cuda.synchronize
-
-    def counted_sync(device=None):  # explicit syncs, counted apart from the implicit ones
-        explicit[0] += 1
-        torch.cuda.set_sync_debug_mode(0)
-        real_sync(device)
-        torch.cuda.set_sync_debug_mode(1)
-
-    torch.cuda.synchronize = counted_sync
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            out = run()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-        torch.cuda.synchronize = real_sync
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    return out, len(syncs), explicit[0], sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
-
-
 def run_stage(stage: str, scale: Scale, emit) -> None:
     if stage in AUDITED:
         audit(stage, scale, emit)
@@ -353,7 +304,8 @@ def run_stage(stage: str, scale: Scale, emit) -> None:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
 
-RUNNERS = {"exact_fp32": exact_fp32, "verify_cost": verify_cost, "draft_cost": draft_cost, "syncs": syncs}
+RUNNERS = {"exact_fp32": exact_fp32, "verify_cost": verify_cost, "draft_cost": draft_cost, "syncs": syncs,
+           "cuda_graphs": cuda_graphs}
 
 
 def row_writer(path: Path | None, rows: list[dict]):

@@ -10,6 +10,7 @@ import math
 import statistics
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -97,3 +98,26 @@ def _sleep_cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return 10**7 / max(start.elapsed_time(end), 1e-3)
+
+
+def count_syncs(run):
+    """(run()'s result, implicit syncs, explicit syncs, where the implicit ones were) on CUDA."""
+    explicit, real_sync = [0], torch.cuda.synchronize
+
+    def counted_sync(device=None):  # explicit syncs, counted apart from the implicit ones
+        explicit[0] += 1
+        torch.cuda.set_sync_debug_mode(0)
+        real_sync(device)
+        torch.cuda.set_sync_debug_mode(1)
+
+    torch.cuda.synchronize = counted_sync
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            out = run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize = real_sync
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return out, len(syncs), explicit[0], sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})

@@ -15,10 +15,10 @@ tokenizer's character offsets; a conversation longer than ``max_tokens`` is cut 
 
 Filters, counted per reason in each shard's ``meta`` (``dropped``): ``truncated`` (the cut last element),
 ``no_exchange``, ``benchmark`` (a user turn shares a word 8-gram with any turn of the six benchmarks,
-``conversations.Dedup``'s rule), ``duplicate`` (its first user turn's 8-grams were at least half seen in
+``shards.Dedup``'s rule), ``duplicate`` (its first user turn's 8-grams were at least half seen in
 earlier kept first turns), ``retokenized`` (the template's prompt is not a prefix of the rendered text),
 ``prompt_too_long`` (the first answer starts past ``max_tokens``).
-Shards (``token_shards.py``) hold ``per_shard`` conversations in file order, so the held-out split of
+Token shards (``shards.py``) hold ``per_shard`` conversations in file order, so the held-out split of
 ``data.split_shards`` (every k-th shard) is a fixed set of conversations. Answers are the dataset's own
 (the EAGLE-1/2 recipe); regenerating them with the target (the EAGLE-3 recipe) is not built here.
 """
@@ -32,8 +32,7 @@ from pathlib import Path
 
 from eagle2.prompts.chat import chat_messages, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
-from eagle2.training.conversations import Dedup
-from eagle2.training.token_shards import token_shard_paths, write_token_shard
+from eagle2.training.shards import Dedup, ngram_keys, token_shard_paths, write_token_shard
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "chatgpt", "bing", "bard", "assistant", "model"}
@@ -196,8 +195,6 @@ def build_sharegpt_shards(tokenizer, out_dir: str | Path, *, template: str, syst
 def kept_records(source: Path, counts: Counter, dedup: Dedup) -> Iterator[tuple[dict, list[str], list[str]]]:
     """(record, user turns, answers) of every conversation of ``source`` that passes the filters of the
     module docstring (all but the length ones), in file order; ``counts`` gets ``read`` and each drop."""
-    from eagle2.training.conversations import ngram_keys
-
     text = source.read_text(encoding="utf-8", errors="replace")
     for record in iter_records(text, counts):
         counts["read"] += 1

@@ -1,7 +1,7 @@
 """Two-turn conversations written by the target itself (self-instruct), kept as token shards.
 
 Its job: a training corpus shaped like the benchmarks (MT-bench is two-turn) without their questions.
-Per batch of conversations, four batched decodes (left-padded, KV cache, as ``corpus.answer_batch``):
+Per batch of conversations, four batched decodes (``generate``; top-p as ``eagle2.core.sampling`` cuts it):
 
 1. the first user turn: sampled (temperature ~1, top-p, seeded per batch) right after the chat
    template's user header, started with a category opener (writing, roleplay, reasoning, math, coding,
@@ -13,30 +13,26 @@ Per batch of conversations, four batched decodes (left-padded, KV cache, as ``co
 4. the target's greedy second answer.
 
 Filters: a user turn is dropped when it is too short, did not end within ``max_user_tokens``, or holds
-special tokens; and by ``Dedup``: when it shares any word n-gram (8 by default, words = lower-case
-``[a-z0-9]+`` runs; a turn shorter than n words: its whole normalised text) with any turn of the six
-benchmark sets (``all_benchmark_questions``), or when at least half of its n-grams were already seen in
-earlier kept user turns (near-duplicates among themselves; a second turn may repeat its own first).
+special tokens; and by ``shards.Dedup`` (benchmark n-grams, near-duplicates of earlier kept user turns; a
+second turn may repeat its own first).
 A dropped first turn drops the conversation; a dropped second turn keeps the first exchange alone.
-Counts of every drop are in each shard's ``meta``. Shards (``token_shards.py``) are written in batch
+Counts of every drop are in each shard's ``meta``. Token shards (``shards.py``) are written in batch
 order, one per batch, and resume after a kill (the dedup state is rebuilt from the shards written).
 Knows nothing of features or training.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
-from eagle2.training.corpus import left_padded
-from eagle2.training.token_shards import read_token_shard, write_token_shard
+from eagle2.training.corpora.generate import generate
+from eagle2.training.shards import Dedup, read_token_shard, words, write_token_shard
 
 _SENTINEL = "\x00NEXT_USER_TURN\x00"
 
@@ -51,85 +47,17 @@ def user_header_ids(tokenizer, template: str, users: list[str], answers: list[st
     return tokenizer(text[: text.index(_SENTINEL)], add_special_tokens=template in ("vicuna", "llama2"))["input_ids"]
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, -1)
-    if top_p < 1:
-        sorted_p, order = probs.sort(-1, descending=True)
-        outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-@torch.no_grad()
-def sample_batch(model, prompts: list[list[int]], stops: set[int], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, pad_id: int = 0):
-    """Decode a left-padded batch; per row (new token ids, ended with a stop token?). Greedy at
-    ``temperature`` 0, else nucleus sampling from ``generator``."""
-    batch = len(prompts)
-    input_ids, mask, positions = left_padded(prompts, pad_id)
-    cache = new_cache(model)
-    last = forward_target(model, input_ids, cache, attention_mask=mask, position_ids=positions)[:, -1]
-    out, ended = [[] for _ in range(batch)], [False] * batch
-    for step in range(max_new_tokens):
-        nxt = _next_token(model.lm_head(last).float(), temperature, top_p, generator)
-        for row in range(batch):
-            if not ended[row]:
-                out[row].append(int(nxt[row]))
-                ended[row] = int(nxt[row]) in stops
-        if all(ended) or step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-        positions = positions[:, -1:] + 1
-        last = forward_target(model, nxt[:, None], cache, attention_mask=mask, position_ids=positions)[:, -1]
-    return list(zip(out, ended))
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def ngram_keys(text: str, n: int = 8) -> set[str]:
-    """The normalised word n-grams of ``text`` (its whole normalised text when shorter than n words)."""
-    words = _words(text)
-    if len(words) < n:
-        return {" ".join(words)} if words else set()
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
-
-
-class Dedup:
-    """Keeps benchmark questions and near-duplicates out: ``reason(text)`` is None or why it is dropped."""
-
-    def __init__(self, held_out: set[str], n: int = 8, near: float = 0.5):
-        self.n, self.near = n, near
-        self.held_out = set().union(*(ngram_keys(q, n) for q in held_out)) if held_out else set()
-        self.seen: set[str] = set()
-
-    def reason(self, text: str, allowed: set[str] = frozenset()) -> str | None:
-        keys = ngram_keys(text, self.n)
-        if keys & self.held_out:
-            return "benchmark"
-        if keys and len((keys & self.seen) - allowed) >= self.near * len(keys):
-            return "duplicate"
-        return None
-
-    def add(self, text: str) -> set[str]:
-        keys = ngram_keys(text, self.n)
-        self.seen |= keys
-        return keys
-
-
-def _user_turn(tokenizer, opener: str, new: list[int], ended: bool, stops: set[int], min_tokens: int) -> tuple:
+def _user_turn(tokenizer, opener: str, new: list[int], stops: set[int], min_tokens: int) -> tuple:
     """(text, None) of a sampled user turn, or (None, why it is dropped)."""
-    body = new[:-1] if ended else new
+    finished = bool(new) and new[-1] in stops  # (else cut at the token limit)
+    body = new[:-1] if finished else new
     special = set(getattr(tokenizer, "all_special_ids", ())) - stops
-    if not ended:
+    if not finished:
         return None, "too_long"
     if any(t in special for t in body):
         return None, "special_tokens"
     text = (opener + tokenizer.decode(body, skip_special_tokens=True)).strip()
-    if len(body) < min_tokens or len(_words(text)) < 3:
+    if len(body) < min_tokens or len(words(text)) < 3:
         return None, "too_short"
     return text, None
 
@@ -145,15 +73,15 @@ def _conversation(p1, a1, p2, a2) -> tuple[list[int], list[tuple[int, int]]] | N
 def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups: list[str], dedup: Dedup, *,
                        template: str, system_prompt: str | None, generator: torch.Generator, stops: set[int],
                        max_user_tokens: int, min_user_tokens: int, max_answer_tokens: int, temperature: float,
-                       top_p: float, pad_id: int):
+                       top_p: float):
     """Conversations for ``rows`` of (category, first-turn opener): (conversations, their records, drop counts)."""
     dropped: Counter = Counter()
-    sample = dict(temperature=temperature, top_p=top_p, generator=generator, pad_id=pad_id)
+    sample = dict(temperature=temperature, top_p=top_p, generator=generator)
     header = user_header_ids(tokenizer, template, [], [], system_prompt)
     prompts = [header + tokenizer(o, add_special_tokens=False)["input_ids"] for _, o in rows]
     firsts = []  # (category, user text, its dedup keys)
-    for (cat, opener), (new, ended) in zip(rows, sample_batch(model, prompts, stops, max_user_tokens, **sample)):
-        text, why = _user_turn(tokenizer, opener, new, ended, stops, min_user_tokens)
+    for (cat, opener), new in zip(rows, generate(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, opener, new, stops, min_user_tokens)
         why = why or dedup.reason(text)
         if why:
             dropped[f"turn1_{why}"] += 1
@@ -162,14 +90,14 @@ def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups
     if not firsts:
         return [], [], dropped
     p1s = [encode_conversation(tokenizer, template, [u], [], system_prompt) for _, u, _ in firsts]
-    a1s = [new for new, _ in sample_batch(model, p1s, stops, max_answer_tokens, pad_id=pad_id)]
+    a1s = generate(model, p1s, stops, max_answer_tokens)
     a1_texts = [tokenizer.decode(a, skip_special_tokens=True) for a in a1s]
     openers = [follow_ups[int(i)] for i in torch.randint(len(follow_ups), (len(firsts),), generator=generator)]
     prompts = [user_header_ids(tokenizer, template, [u], [a], system_prompt) + tokenizer(o, add_special_tokens=False)[
         "input_ids"] for (_, u, _), a, o in zip(firsts, a1_texts, openers)]
     seconds = {}  # index into firsts -> second user text
-    for i, (new, ended) in enumerate(sample_batch(model, prompts, stops, max_user_tokens, **sample)):
-        text, why = _user_turn(tokenizer, openers[i], new, ended, stops, min_user_tokens)
+    for i, new in enumerate(generate(model, prompts, stops, max_user_tokens, **sample)):
+        text, why = _user_turn(tokenizer, openers[i], new, stops, min_user_tokens)
         why = why or dedup.reason(text, allowed=firsts[i][2])
         if why:
             dropped[f"turn2_{why}"] += 1
@@ -179,8 +107,7 @@ def conversation_batch(model, tokenizer, rows: list[tuple[str, str]], follow_ups
     idx = sorted(seconds)
     p2s = [encode_conversation(tokenizer, template, [firsts[i][1], seconds[i]], [a1_texts[i]], system_prompt)
            for i in idx]
-    a2s = dict(zip(idx, (new for new, _ in sample_batch(model, p2s, stops, max_answer_tokens, pad_id=pad_id)))) \
-        if idx else {}
+    a2s = dict(zip(idx, generate(model, p2s, stops, max_answer_tokens))) if idx else {}
     convs, records = [], []
     for i, (cat, u1, _) in enumerate(firsts):
         two = _conversation(p1s[i], a1s[i], p2s[idx.index(i)], a2s[i]) if i in seconds else None
@@ -203,7 +130,6 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
     out.mkdir(parents=True, exist_ok=True)
     dedup = Dedup(all_benchmark_questions(benchmarks_dir), ngram, near_duplicate)
     stops = stop_ids(tokenizer, stop_tokens)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     names = sorted(categories)
     for b in range(n_batches):
         path = out / f"tokens_{b:05d}.npz"
@@ -221,7 +147,7 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
         convs, records, dropped = conversation_batch(
             model, tokenizer, rows, list(follow_ups), dedup, template=template, system_prompt=system_prompt,
             generator=gen, stops=stops, max_user_tokens=max_user_tokens, min_user_tokens=min_user_tokens,
-            max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p, pad_id=pad_id)
+            max_answer_tokens=max_answer_tokens, temperature=temperature, top_p=top_p)
         seconds = device_clock(model.device) - t0
         meta = {"batch": b, "seed": seed, "requested": batch_size, "conversations": records,
                 "dropped": dict(dropped), "seconds": round(seconds, 2), "ngram": ngram,
@@ -237,7 +163,7 @@ def generate_conversations(model, tokenizer, out_dir: str | Path, *, categories:
 def conversation_stats(folder: str | Path) -> dict:
     """Totals over a folder's token shards: conversations, two-turn ones, tokens, answer tokens, seconds,
     drops by reason and conversations by category."""
-    from eagle2.training.token_shards import token_shard_paths
+    from eagle2.training.shards import token_shard_paths
 
     totals: Counter = Counter()
     dropped: Counter = Counter()

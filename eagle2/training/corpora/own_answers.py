@@ -22,14 +22,11 @@ Knows nothing of training.
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
-from eagle2.core.batch_engine import BatchEngine, BatchRequest
 from eagle2.core.clock import device_clock
-from eagle2.core.sampling import SamplingParams
-from eagle2.drafters.plain import PlainDrafter
-from eagle2.training.token_shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
+from eagle2.training.corpora.generate import generate
+from eagle2.training.shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
 
 
 def user_segments(conversation: Conversation) -> list[list[int]]:
@@ -37,23 +34,6 @@ def user_segments(conversation: Conversation) -> list[list[int]]:
     ids, spans = conversation
     starts = [0] + [end for _, end in spans[:-1]]
     return [ids[a:b] for a, (b, _) in zip(starts, spans)]
-
-
-def answer_greedily(target, prompts: list[list[int]], stops: set[int], max_new_tokens: int,
-                    batch_size: int) -> list[list[int]]:
-    """The target's greedy answer to each prompt (a stop token, when reached, ends it and is kept)."""
-    answers: list[list[int] | None] = [None] * len(prompts)
-    queue = deque(BatchRequest(p, PlainDrafter(), max_new_tokens, key=i) for i, p in enumerate(prompts))
-
-    def finished(res) -> None:
-        if res.error is not None:
-            raise res.error
-        ids = list(res.output.output_ids)
-        end = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
-        answers[res.request.key] = ids[:end]
-
-    BatchEngine(target, SamplingParams(), stops, batch_size).run(queue, finished)
-    return answers
 
 
 def answer_turns(target, segments: list[list[list[int]]], stops: set[int], *, max_new_tokens: int,
@@ -71,7 +51,7 @@ def answer_turns(target, segments: list[list[list[int]]], stops: set[int], *, ma
         for i in too_long:
             going[i] = False
         asked = [i for i in asked if going[i]]
-        answers = answer_greedily(target, [prompts[i] for i in asked], stops, max_new_tokens, batch_size)
+        answers = generate(target, [prompts[i] for i in asked], stops, max_new_tokens, batch_size=batch_size)
         for i, answer in zip(asked, answers):
             ids, spans = prompts[i] + answer, made[i][1] + [(len(prompts[i]), len(prompts[i]) + len(answer))]
             made[i] = (ids, spans) if answer else made[i]

@@ -1,4 +1,5 @@
-"""Training and evaluating Medusa-1 heads (``eagle2.heads.medusa_heads``) on a self-distillation corpus.
+"""The Medusa objective (``train_head.py stage=medusa``, settings ``train.medusa``): training and evaluating
+Medusa-1 heads (``eagle2.heads.medusa_heads``) on a self-distillation corpus.
 
 Loss (Medusa-1, self-distilled): head k reads the target's post-norm feature ``f[t]`` and is fitted to
 the target's own next-token distribution at position t+k+1, ``softmax(lm_head(f[t+k+1]))`` (the
@@ -34,6 +35,7 @@ from eagle2.heads.medusa_heads import HeadStack, MedusaHeads
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
 from eagle2.training.losses import LossProjection, soft_cross_entropy
+from eagle2.training.objectives import Objective
 
 MAX_RANK = 10  # ranks counted per head (the authors' TOPK)
 
@@ -256,9 +258,9 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
     from omegaconf import OmegaConf
 
     from eagle2.heads.medusa_heads import MC_SIM_7B_63
-    from eagle2.training.corpus import corpus_tap_layers
-    from eagle2.training.data import load_sequences, split_shards
-    from eagle2.training.evaluate import build_mtbench_heldout, write_eval_json
+    from eagle2.training.data import all_sequences, load_sequences, split_shards
+    from eagle2.training.evaluate import write_eval_json
+    from eagle2.training.heldout import mtbench
     from eagle2.training.models import export_dtype
 
     kind = kind or _medusa_kind()
@@ -276,13 +278,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
             "corpus_shards": sorted(p.name for p in corpus_dir.glob("shard_*.safetensors")),
             "recipe": OmegaConf.to_container(mc), "stored_dtype": str(dtype).replace("torch.", ""), "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
-    ev = cfg.train.eval.mtbench
-    mt_dir = build_mtbench_heldout(target, tokenizer, root / ev.out_dir, template=cfg.train.corpus.template,
-                                   system_prompt=cfg.train.corpus.system_prompt, max_new_tokens=ev.max_new_tokens,
-                                   batch_size=ev.batch_size, limit=ev.limit, stop_tokens=cfg.train.corpus.stop_tokens,
-                                   tap_layers=corpus_tap_layers(target, cfg.train.corpus.get("tap_layers")))
-    from eagle2.training.data import all_sequences
-
+    mt_dir = mtbench(target, tokenizer, cfg, root)
     _, val_paths = split_shards(corpus_dir, mc.val_fraction)
     loaded = kind.load(folder, target)
     trees = {f"model.{kind.choices_key}": OmegaConf.to_container(cfg.model[kind.choices_key]),
@@ -295,3 +291,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
               " ".join(f"{k}={v:.3f}" for k, v in metrics[name]["tau"].items()), flush=True)
     write_eval_json(folder, metrics)
     return folder
+
+
+OBJECTIVE = Objective("medusa", "Medusa heads", medusa_stage, order=4, corpus_key="medusa.corpus_dir",
+                      data_parallel=False)

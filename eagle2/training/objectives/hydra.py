@@ -1,5 +1,6 @@
-"""Training Hydra heads (``eagle2.heads.hydra_heads``) with the Medusa trainer: same corpus, loss, steps
-and evaluation (``eagle2.training.medusa``); only the heads differ.
+"""The Hydra objective (``train_head.py stage=hydra``): Hydra heads (``eagle2.heads.hydra_heads``) trained by
+the Medusa objective (``eagle2.training.objectives.medusa``): same corpus, loss, steps and evaluation; only the
+heads differ.
 
 Head k at position t reads ``f[t]`` and the true tokens t+1 .. t+k+1 (teacher forcing: on the true
 path drafting reads exactly these) and is fitted, as Medusa's head k, to the target's own distribution
@@ -13,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from eagle2.heads.hydra_heads import HydraHeads, load_hydra_heads, save_hydra_heads
-from eagle2.training.medusa import HeadsKind
+from eagle2.training.objectives import Objective
+from eagle2.training.objectives.medusa import HeadsKind, medusa_stage
 
 
 def new_hydra_heads(target, cfg) -> tuple[HydraHeads, dict]:
@@ -45,3 +47,5 @@ def hydra_settings(train):
 
 
 HYDRA = HeadsKind("hydra", hydra_settings, "hydra_choices", new_hydra_heads, save_hydra_heads, load_hydra_heads)
+OBJECTIVE = Objective("hydra", "Hydra heads", lambda target, tokenizer, cfg, root: medusa_stage(
+    target, tokenizer, cfg, root, HYDRA), corpus_key="medusa.corpus_dir", data_parallel=False)

@@ -1,0 +1,72 @@
+"""Training objectives, one module each, behind one interface that ``recipe.py`` iterates.
+
+A module of this package that declares ``OBJECTIVE = Objective(...)`` is a ``train_head.py`` stage of that
+name; its settings are the section of the same name in ``conf/train/*.yaml``. ``objectives()`` discovers them
+by importing the package's modules, so a new objective is its module and its config section, nothing else to
+register: the recipe runs it (in ``stage=all`` at its ``order``), the preflight checks its corpus and its
+``resume_dir``, torchrun may run it (``data_parallel``), and with ``export_key``, ``load`` and ``evaluate`` the
+eval stage measures its export. ``train_objective`` is the part every objective's training shares: the corpus
+split, online features for a token corpus, the loop (``loop.fit``), the shards it read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from eagle2.training import distributed
+from eagle2.training.data import Sequence, train_val_sequences
+from eagle2.training.features import featurizer, online_fingerprint
+from eagle2.training.loop import fit
+
+
+@dataclass(frozen=True)
+class Objective:
+    stage: str  # train_head.py stage=<stage>; its settings: train.<stage>
+    title: str  # what the stage's closing line calls what it exported
+    run: Callable  # (target, tokenizer, cfg, root) -> exported folder(s), or None when it stopped before its end
+    order: int | None = None  # its place in stage=all (None: it runs only when named)
+    corpus_key: str = "corpus.out_dir"  # train.<corpus_key>: the corpus it trains on (the preflight looks there)
+    data_parallel: bool = True  # torchrun may run it (rank 0 exports)
+    export_key: str | None = None  # train.export.<export_key>: where stage=eval finds it (None: eval skips it)
+    load: Callable | None = None  # (folder, target) -> the exported module
+    evaluate: Callable | None = None  # (module, target, sequences, train.eval) -> metrics
+
+
+@lru_cache(maxsize=None)
+def objectives() -> dict[str, Objective]:
+    """Every declared objective by stage name, those of ``stage=all`` first in their order."""
+    package = importlib.import_module(__name__)
+    found = [getattr(importlib.import_module(f"{__name__}.{info.name}"), "OBJECTIVE", None)
+             for info in pkgutil.iter_modules(package.__path__)]
+    found = sorted((o for o in found if o is not None), key=lambda o: (o.order is None, o.order or 0, o.stage))
+    return {o.stage: o for o in found}
+
+
+def exported(summary: dict) -> bool:
+    """Whether a finished training is exported by this process (not stopped early; rank 0 under torchrun)."""
+    return not summary["partial"] and distributed.is_main()
+
+
+def train_objective(module: torch.nn.Module, loss_fn: Callable, target, corpus_dir: str | Path, cfg,
+                    out_dir: str | Path, *, desc: str, fingerprint_extra: dict | None = None, tap_layers=(),
+                    val_seqs: list[Sequence] | None = None, **kwargs):
+    """Train ``module`` on ``loss_fn`` over ``corpus_dir`` with the loop settings ``cfg``; checkpoints and metrics
+    go to ``out_dir``. A token corpus gets online features (with the inputs of ``tap_layers``). ``val_seqs``
+    replace the corpus's held-out shards as the validation set (those shards still stay out of training);
+    ``kwargs`` go to ``loop.fit``. Returns (module in eval mode, summary with the shards it read)."""
+    target.requires_grad_(False)
+    train_seqs, held_out, shards = train_val_sequences(corpus_dir, cfg.val_fraction, cfg.max_train_sequences,
+                                                       cfg.get("resident_shards"))
+    featurize = featurizer(target, corpus_dir, cfg, tap_layers)
+    summary = fit(module, loss_fn, train_seqs, held_out if val_seqs is None else val_seqs, cfg, out_dir, desc=desc,
+                  fingerprint_extra=(fingerprint_extra or {}) | online_fingerprint(featurize), featurize=featurize,
+                  **kwargs)
+    summary["corpus_shards"] = shards  # what this run read (training.json)
+    return module.eval(), summary

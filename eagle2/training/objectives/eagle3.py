@@ -1,0 +1,174 @@
+"""The EAGLE-3 head objective (``train_head.py stage=eagle3``, settings ``train.eagle3``).
+
+The head reads the inputs of three tapped target layers (``layer_features``) at step 1 and its own outputs
+after, drafting over its own vocabulary (``draft_vocab_size`` most frequent answer tokens). No feature
+regression: at every unrolled step ("training-time test", ``unroll`` steps weighted ``step_decay ** i``; the
+authors: 7 and 0.8) the cross-entropy of its draft-vocabulary distribution against the target's next-token
+distribution restricted to that vocabulary. The export is the official layout.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from eagle2.core.features import eagle3_layers
+from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target, load_eagle3_head, save_eagle3_head
+from eagle2.training.agreement import agreement, ranked_ids
+from eagle2.training.data import Sequence, tokens_by_frequency
+from eagle2.training.evaluate import evaluate_drafter, feature_chain
+from eagle2.training.heldout import validation
+from eagle2.training.losses import (
+    LogitsSoftCrossEntropy,
+    LossProjection,
+    answer_positions,
+    combine,
+    loss_dtype,
+    subsample,
+    unrolled_predictions,
+)
+from eagle2.training.models import export
+from eagle2.training.objectives import Objective, exported, train_objective
+
+
+def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
+    """A fresh fp32 EAGLE-3 head for ``target`` drafting over the target tokens ``draft_ids``: random
+    ``fc`` and layer, its ``norm`` and ``lm_head`` started from the target's final norm and the target's
+    LM-head rows of those tokens (the head then begins as the target's own read-out)."""
+    L = target.config.num_hidden_layers
+    head = Eagle3Head(eagle3_config_from_target(target.config, len(torch.unique(draft_ids))), eagle3_layers(L))
+    head.set_draft_vocabulary(draft_ids)
+    with torch.no_grad():
+        head.norm.weight.copy_(target.base_model.norm.weight)
+        ids = head.draft_token_ids()
+        weight = target.get_output_embeddings().weight
+        head.lm_head.weight.copy_(weight if ids is None else weight[ids.to(weight.device)])
+    head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, torch.float32)
+
+
+def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
+                step_decay: float = 1.0, generator: torch.Generator | None = None, train: bool = True,
+                with_stats: bool = True):
+    """EAGLE-3 loss over a batch (tokens only, no feature regression): at every draft step, the
+    cross-entropy of the head's own draft-vocabulary distribution ``lm_head(norm(p))`` against the
+    target's next-token distribution restricted to the draft vocabulary, ``softmax(lm_head_T(f[j+1])[draft])``
+    (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
+    (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
+    may use a random ``unroll_cls_fraction`` of their positions when training; step ``i`` (from 0) weighs
+    ``step_decay ** i`` (EAGLE-3's authors: 0.8, normalized here by the weights' sum). ``top1`` (step 1) is
+    agreement with the target's argmax over the FULL vocabulary (a token outside the draft vocabulary is
+    a miss), as ``agreement`` defines it, in training rows too (computed on logged steps only)."""
+    proj = proj if train else proj.exact()
+    if "layer_features" not in batch:
+        raise ValueError("an EAGLE-3 head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
+    feats = batch["features"]
+    ids = head.draft_token_ids()
+    draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
+    readout = head.drafting_lm_head()
+    losses, stats = [], {}
+    for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
+                                                answer_positions(batch), unroll):
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        p, y = pred[sel], feats[:, step:][sel]
+        pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
+        if pick is not None:
+            p, y = p[pick], y[pick]
+        logits = readout(p)
+        with torch.no_grad():
+            q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
+        ce = LogitsSoftCrossEntropy.apply(logits, q)
+        losses.append(ce)
+        if with_stats:
+            with torch.no_grad():
+                step_stats = agreement(logits.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
+                                       vocab_ids=ids)
+            if step == 1:
+                stats.update(step_stats, cls=ce.item())
+            else:
+                stats.update({f"top1_s{step}": step_stats["top1"], f"n_s{step}": step_stats["n"]})
+        elif step == 1:
+            stats["n"] = n
+    return combine(losses, stats, feats, step_decay)
+
+
+def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> torch.Tensor:
+    """``size`` target token ids for an EAGLE-3 draft vocabulary: the most frequent in the corpus
+    answers, then (if the answers use fewer) the lowest unused ids, so the size is always ``size``."""
+    size = min(int(size), vocab_size)
+    seen = tokens_by_frequency(corpus_dir, limit=size)
+    if len(seen) < size:
+        unused = torch.ones(vocab_size, dtype=torch.bool)
+        unused[seen] = False
+        seen = torch.cat([seen, unused.nonzero()[:, 0][: size - len(seen)]])
+    return seen
+
+
+def eagle3_setup(target, corpus_dir: str | Path, cfg):
+    """(fresh or continued EAGLE-3 head, its loss function, its fingerprint settings) for ``cfg``."""
+    if cfg.init_from:
+        head = load_eagle3_head(cfg.init_from, target).float().requires_grad_(True)
+    else:
+        head = new_eagle3_head(target, draft_vocabulary_ids(corpus_dir, cfg.draft_vocab_size,
+                                                            target.config.vocab_size))
+    proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype))
+    unroll = int(cfg.unroll)
+    decay = float(cfg.get("step_decay") or 1.0)  # step i of the unroll weighs decay ** i
+    loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction),
+                      step_decay=decay)
+    extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
+             "draft_vocab_size": head.draft_vocab_size, **({"step_decay": decay} if decay != 1.0 else {})}
+    return head, loss_fn, extra
+
+
+def train_eagle3_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
+    """Train an EAGLE-3 head (``eagle2.heads.eagle3_head``) on a corpus with the tapped layers recorded (or a
+    token corpus: online features); a ``cfg.init_from`` head (official layout) is continued, vocabulary
+    included. ``kwargs`` as for ``eagle.train_head``."""
+    torch.manual_seed(cfg.seed)
+    head, loss_fn, extra = eagle3_setup(target, corpus_dir, cfg)
+    return train_objective(head, loss_fn, target, corpus_dir, cfg, out_dir, desc="eagle3", fingerprint_extra=extra,
+                           tap_layers=head.feature_layers, **kwargs)
+
+
+def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.Tensor:
+    """(A, depth) tokens drafted greedily by an EAGLE-3 head (its own LM head, mapped to target ids)."""
+    readout, ids = head.drafting_lm_head(), head.draft_token_ids()
+
+    def to_token(f):
+        return ranked_ids(readout(f), 1, ids)[:, 0]
+    return feature_chain(head, seq.layer_features, to_token, seq, anchors, depth)
+
+
+def eagle3_chain_of(head, target):
+    """The head's greedy chain drafter (``evaluate.chain_acceptance``)."""
+    return partial(eagle3_chain, head)
+
+
+def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
+    """Teacher-forced top-1/top-4 (full-vocabulary argmax) and greedy-chain acceptance of an EAGLE-3 head."""
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    return evaluate_drafter(head, seqs, cfg, partial(eagle3_loss, proj=proj), eagle3_chain_of(head, target))
+
+
+def export_eagle3(head, summary: dict, cfg, root: Path, section: str = "eagle3") -> Path:
+    """Store a trained EAGLE-3 head (official layout) at ``train.export.eagle3_head`` with its card."""
+    return export(head, save_eagle3_head, summary, cfg, root, kind="eagle3", export_key="eagle3_head", section=section)
+
+
+def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
+    """Train the EAGLE-3 head (resuming) and export it to ``train.export.eagle3_head``."""
+    c = cfg.train.eagle3
+    head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, c, root / c.out_dir,
+                                      stop_after=c.stop_after,
+                                      **validation(target, tokenizer, cfg, root, "eagle3", eagle3_chain_of))
+    return export_eagle3(head, summary, cfg, root) if exported(summary) else None
+
+
+OBJECTIVE = Objective("eagle3", "EAGLE-3 head", eagle3_stage, order=2, export_key="eagle3_head",
+                      load=load_eagle3_head, evaluate=evaluate_eagle3_head)

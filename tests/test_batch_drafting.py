@@ -1,0 +1,124 @@
+"""Batched drafting (``eagle2.drafters.head_group``): in the batch engine, EAGLE, EAGLE-2 and EAGLE-3 rows draft
+together, one draft-head forward and one drafting LM-head call per depth for all rows, and every row's tree is
+the one it drafts alone, round after round, with ragged prompts (rows at different committed lengths), refilled
+rows and rows that finish early: in fp32 the node tokens, parents, depths, ranks and tree indices exactly, the
+output tokens exactly, the confidences and path values to fp32 rounding (1e-6; measured up to 6e-8).
+
+Why not bit for bit: a GEMM over 1-3 rows reduces in another order than over 4 or more (measured here: an
+``nn.Linear`` row's output is bit-identical for every M >= 4, and differs in the last bit between M = 1, M = 2-3
+and M >= 4), so the root's LM-head call over R rows differs from one over one row; and SDPA over a row's keys
+padded with masked columns (rows of the batch hold different committed lengths) differs in the last bit from
+SDPA over its keys alone. Either would need the per-row path padded the same way, or attention forked per row.
+
+Negative control (by hand, once): ``TreeHeads.expand`` fed each row its neighbour's parent features
+(``parent_features.roll(1, dims=0)``): ``test_batched_trees_equal_per_row_trees`` failed for every method.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+
+import eagle2.core.batch_engine as batch_engine
+import eagle2.core.engine as engine
+from tests.test_batch import METHODS, PROMPTS, N, drafter, single_decode
+from tests.test_batch import weights as weights  # noqa: F401 (a fixture)
+
+GREEDY = engine.SamplingParams()
+HEAD_METHODS = ["eagle", "eagle2", "eagle2_auto", "eagle3"]
+
+
+def traced_batch(target, method, weights, batch_size, batch_drafting, monkeypatch, refill=True):  # noqa: F811
+    """(outputs in prompt order, every tree each request drafted in order, calls of propose_batch)."""
+    trees = {}  # request index -> its trees, round by round
+    calls = []
+    real = engine.propose_rows
+
+    def recording(seqs, verifier, clock, batched=False):
+        made, marks = real(seqs, verifier, clock, batched)
+        calls.append(len(engine.drafting_groups(seqs, batched)))
+        for row, seq in seqs.items():
+            trees.setdefault(owner[id(seq.drafter)], []).append(made[row])
+        return made, marks
+
+    monkeypatch.setattr(engine, "propose_rows", recording)
+    requests = [batch_engine.BatchRequest(p, drafter(target, method, weights), N, key=i) for i, p in enumerate(PROMPTS)]
+    owner = {id(r.drafter): r.key for r in requests}
+    results = {}
+    batch_engine.BatchEngine(target, GREEDY, set(), batch_size, refill=refill, batch_drafting=batch_drafting).run(
+        deque(requests), lambda res: results.__setitem__(res.request.key, res))
+    monkeypatch.setattr(engine, "propose_rows", real)
+    return [results[i].output for i in range(len(PROMPTS))], trees, calls
+
+
+FLOAT_RECORDS = ("confidence", "value")
+ROUNDING = 1e-6  # fp32: measured differences up to 6e-8 (the module's docstring says where they come from)
+
+
+def same_tree(a, b) -> bool:
+    """Node tokens, parents and the integer records exactly; confidences and path values to fp32 rounding."""
+    close = torch.allclose(a.confidence, b.confidence, rtol=0, atol=ROUNDING) and all(
+        torch.allclose(torch.tensor(a.records[k]), torch.tensor(b.records[k]), rtol=0, atol=ROUNDING)
+        for k in FLOAT_RECORDS)
+    ints = {k: v for k, v in a.records.items() if k not in FLOAT_RECORDS}
+    return (torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents) and close
+            and ints == {k: v for k, v in b.records.items() if k not in FLOAT_RECORDS})
+
+
+@pytest.mark.parametrize("name", HEAD_METHODS)
+def test_batched_trees_equal_per_row_trees(tiny, weights, monkeypatch, name):  # noqa: F811
+    target = tiny[0]
+    for batch_size, refill in ((3, True), (4, False)):
+        alone, alone_trees, alone_groups = traced_batch(target, METHODS[name], weights, batch_size, False,
+                                                        monkeypatch, refill)
+        together, together_trees, groups = traced_batch(target, METHODS[name], weights, batch_size, True,
+                                                        monkeypatch, refill)
+        assert [o.output_ids for o in together] == [o.output_ids for o in alone]
+        assert [o.accept_lengths for o in together] == [o.accept_lengths for o in alone]
+        for key in alone_trees:
+            assert len(together_trees[key]) == len(alone_trees[key])
+            for i, (a, b) in enumerate(zip(alone_trees[key], together_trees[key])):
+                assert same_tree(a, b), (name, batch_size, key, i)
+        assert max(groups) == 1 < max(alone_groups)  # the rows drafted together, else one after another
+
+
+@pytest.mark.parametrize("name", ["eagle2", "eagle3"])
+def test_batched_output_equals_batch_one(tiny, weights, name):  # noqa: F811
+    refs = single_decode(tiny[0], METHODS[name], weights)
+    assert [r.output_ids for r in _batched(tiny[0], METHODS[name], weights, 3)] == refs
+
+
+def _batched(target, method, weights, batch_size):  # noqa: F811
+    queue = deque(batch_engine.BatchRequest(p, drafter(target, method, weights), N, key=i)
+                  for i, p in enumerate(PROMPTS))
+    out = {}
+    batch_engine.BatchEngine(target, GREEDY, set(), batch_size).run(queue, lambda r: out.__setitem__(r.request.key, r))
+    return [out[i].output for i in range(len(PROMPTS))]
+
+
+def test_one_head_forward_per_depth_for_every_row(tiny, weights):  # noqa: F811
+    """EAGLE-2 at depth 4 over 3 rows: a round runs the head 3 times over (3, 4) nodes, not 9 times over one row
+    (the catch-ups stay one per row: each row feeds its own accepted tokens into its own cache)."""
+    target, head = tiny[0], weights["head"]
+    shapes = []
+    hook = head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape[:2])))
+    try:
+        _batched(target, METHODS["eagle2"], weights, 3)
+    finally:
+        hook.remove()
+    tree_calls = [s for s in shapes if s[0] > 1]  # (rows, nodes) of the calls over several rows
+    assert (3, 4) in tree_calls and all(s[1] == 4 for s in tree_calls)  # all live rows at once, top_k nodes each
+    assert len(tree_calls) % (METHODS["eagle2"]["depth"] - 1) == 0  # every depth of a round in one call
+
+
+def test_rows_that_cannot_batch_draft_alone(tiny, weights):  # noqa: F811
+    """Drafters without ``propose_batch`` (SpS, PLD, Medusa) or with another tree shape are never grouped."""
+    target = tiny[0]
+    smaller = {**METHODS["eagle2"], "total_tokens": 6}  # another budget, the same depths and top_k: one group
+    methods = [METHODS[m] for m in ("eagle2", "eagle2", "sps", "pld_tree", "eagle", "eagle2_auto")] + [smaller]
+    seqs = {i: engine.Sequence(drafter(target, m, weights), None, [1]) for i, m in enumerate(methods)}
+    groups = engine.drafting_groups(seqs, batched=True)
+    assert sorted(map(sorted, groups)) == [[0, 1, 6], [2], [3], [4], [5]]  # eagle2_auto: depth 3, not 4
+    assert len(engine.drafting_groups(seqs, batched=False)) == 7
