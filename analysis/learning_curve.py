@@ -15,6 +15,7 @@ yet annealed there).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -25,10 +26,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def metrics_rows(source: str | Path, split: str) -> list[dict]:
-    """The ``split`` rows (``val`` or ``train``) of a run's ``metrics.jsonl`` (a run folder or the file itself)."""
+    """The ``split`` rows (``val`` or ``train``) of a run's ``metrics.jsonl`` (a run folder or the file itself;
+    shipped logs are kept gzipped: ``metrics.jsonl.gz``)."""
     path = Path(source)
-    path = path / "metrics.jsonl" if path.is_dir() else path
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if path.is_dir():
+        path = next((path / n for n in ("metrics.jsonl", "metrics.jsonl.gz") if (path / n).exists()),
+                    path / "metrics.jsonl")
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [r for r in rows if r.get("split") == split]
 
 

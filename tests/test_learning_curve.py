@@ -90,3 +90,19 @@ def test_legs_join_and_the_scaling_points_are_the_nearest_validations():
                                                                 (250, 800)]
     # 1/4 of 800 = 200 (exact), 1/2 = 400 (nearest: 410), all = 800
     assert scaling_points(rows) == [(0.25, 200, 0.2), (0.5, 410, 0.4), (1.0, 800, 0.5)]
+
+
+def test_shipped_logs_are_read_gzipped(tmp_path):
+    """A shipped head folder keeps its log as ``metrics.jsonl.gz``: the curve reads it as the plain file."""
+    import gzip
+    import json
+
+    rows = [{"split": "val", "step": 5, "top1": 0.3, "tokens_trained": 100},
+            {"split": "train", "step": 5, "loss": 1.0, "cpu_kind": "avx2"}]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "zipped").mkdir()
+    plain = (tmp_path / "plain" / "metrics.jsonl").read_bytes()
+    (tmp_path / "zipped" / "metrics.jsonl.gz").write_bytes(gzip.compress(plain))
+    assert validation_rows(tmp_path / "zipped") == validation_rows(tmp_path / "plain") == rows[:1]
+    assert validation_rows(tmp_path / "zipped" / "metrics.jsonl.gz") == rows[:1]
