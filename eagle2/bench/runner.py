@@ -73,15 +73,15 @@ def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
     their files are checked (``eagle2.heads.locations``: one line for a file, a missing folder, an LFS
     pointer, a damaged header, before the target loads)."""
     from eagle2.heads.checkpoint import weights_fingerprint
-    from eagle2.heads.locations import WEIGHT_FILES_BY_KEY, check_weights_location
+    from eagle2.heads.locations import check_weights_location
 
     locations = drafter_locations(cfg)
     for key, location in locations.items():
-        own_check = weight_kinds()[key].check
-        if own_check is not None:
-            own_check(location, f"model.{key}")
+        kind = weight_kinds()[key]
+        if kind.check is not None:
+            kind.check(location, f"model.{key}")
         else:
-            check_weights_location(location, f"model.{key}", WEIGHT_FILES_BY_KEY[key])
+            check_weights_location(location, f"model.{key}", kind.files)
     return {key: weights_fingerprint(location) for key, location in locations.items()}
 
 

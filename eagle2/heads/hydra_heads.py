@@ -154,4 +154,4 @@ def save_hydra_heads(heads: HydraHeads, folder: str | Path, dtype: torch.dtype |
     return folder
 
 
-WEIGHT_KIND = WeightKind("hydra_head", load_hydra_heads, save_hydra_heads)
+WEIGHT_KIND = WeightKind("hydra_head", load_hydra_heads, save_hydra_heads, files=(WEIGHT_FILE,))

@@ -4,7 +4,8 @@ are (what a ``conf/method`` YAML lists under ``weights``), ``load(location, targ
 target and ``save(module, folder, dtype=None)`` writes them in that format (what training writes).
 
 A kind whose location is not a weights folder (REST's datastore is one ``.npz`` file) gives its own
-``check(location, key)``, run before any model loads; the others get ``heads.locations``' folder checks.
+``check(location, key)``, run before any model loads; the others get ``heads.locations``' folder checks, which
+look for one of its ``files`` (best first; the safetensors/bin pair of ``heads.checkpoint`` unless it says).
 
 ``weight_kinds()`` discovers them by importing the modules of ``eagle2.heads``: a new kind is one new
 heads module, nothing else to register.
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
+from eagle2.heads.checkpoint import WEIGHT_FILES
+
 
 @dataclass(frozen=True)
 class WeightKind:
@@ -25,6 +28,7 @@ class WeightKind:
     load: Callable  # (location, target) -> module
     save: Callable  # (module, folder, dtype=None) -> folder
     check: Callable | None = None  # (location, key) -> None, raising one line; None: a weights folder's checks
+    files: tuple[str, ...] = WEIGHT_FILES  # a weights folder's weight files, best first
 
 
 @lru_cache(maxsize=None)

@@ -13,13 +13,8 @@ import struct
 from pathlib import Path
 
 from eagle2.heads.checkpoint import WEIGHT_FILES, WeightLocationError, could_be_hub_id
-from eagle2.heads.hydra_heads import WEIGHT_FILE as HYDRA_WEIGHT_FILE
-from eagle2.heads.medusa_heads import WEIGHT_FILES as MEDUSA_WEIGHT_FILES
 
 LFS_POINTER = b"version https://git-lfs"
-WEIGHT_FILES_BY_KEY = {"head": WEIGHT_FILES, "eagle3_head": WEIGHT_FILES, "sps_draft": WEIGHT_FILES,
-                       "medusa_head": MEDUSA_WEIGHT_FILES,
-                       "hydra_head": (HYDRA_WEIGHT_FILE,)}  # model-config key -> its weight files, best first
 OPTIONAL_FILES = ("draft_vocab.safetensors",)
 
 

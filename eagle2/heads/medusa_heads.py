@@ -219,4 +219,4 @@ def write_draft_vocab(token_ids: torch.Tensor | None, folder: Path) -> None:
         save_file({"token_ids": token_ids.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
 
 
-WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads)
+WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads, files=WEIGHT_FILES)
