@@ -3,6 +3,7 @@ against tokens trained, from the trainers' ``metrics.jsonl`` validation rows; fo
 
     python -m analysis.learning_curve RUN_DIR_OR_METRICS [...] --out curve.png
     python -m analysis.learning_curve "EAGLE head=LEG1,LEG2" --out curve.png --scaling-out scaling.png
+    python -m analysis.learning_curve "EAGLE-3=RUN@eagle3/top1" "EAGLE=RUN@head/top1" --out joint.png
 
 A run given as ``LEG1,LEG2,...`` is one head trained in legs (each leg continued from the previous one's
 export): the legs' rows are joined, each leg's steps and tokens counted on from the previous leg's last
@@ -122,17 +123,25 @@ def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1",
     return save_figure(fig, out, stamped)
 
 
+def run_rows(spec: str, key: str) -> list[dict]:
+    """The validation rows of a run given as ``LEG1,LEG2`` (legs joined), or ``LEGS@FIELD``: the run's
+    ``FIELD`` drawn as ``key`` (a joint run logs each head's stats under its own name: ``eagle3/top1``)."""
+    legs, _, field = spec.partition("@")
+    rows = joined_legs([validation_rows(leg) for leg in legs.split(",")])
+    return [{**r, key: r[field]} for r in rows if field in r] if field else rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders (with metrics.jsonl) or metrics.jsonl files; LEG1,LEG2: "
-                                           "one run in legs; NAME=...: its label")
+                                           "one run in legs; NAME=...: its label; ...@FIELD: that field as --key")
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="top1")
     ap.add_argument("--scaling-out", help="also the data-scaling figure (1/4, 1/2, all of the tokens) here")
     args = ap.parse_args()
     named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
-    runs = {name: joined_legs([validation_rows(leg) for leg in legs.split(",")]) for name, legs in named}
-    stamped = stamp_text([leg for _, legs in named for leg in legs.split(",")])
+    runs = {name: run_rows(legs, args.key) for name, legs in named}
+    stamped = stamp_text([leg for _, legs in named for leg in legs.split("@")[0].split(",")])
     out = plot_curves(runs, args.out, args.key, stamped)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
     if args.scaling_out:

@@ -106,3 +106,17 @@ def test_shipped_logs_are_read_gzipped(tmp_path):
     (tmp_path / "zipped" / "metrics.jsonl.gz").write_bytes(gzip.compress(plain))
     assert validation_rows(tmp_path / "zipped") == validation_rows(tmp_path / "plain") == rows[:1]
     assert validation_rows(tmp_path / "zipped" / "metrics.jsonl.gz") == rows[:1]
+
+
+def test_a_joint_run_draws_each_head_by_its_field(tmp_path):
+    """``RUN@FIELD`` draws one head of a joint run (its stats logged as ``eagle3/top1``, ``head/top1``)."""
+    import json
+
+    from analysis.learning_curve import run_rows
+
+    rows = [{"split": "val", "step": s, "tokens_trained": 100 * s, "head/top1": 0.4, "eagle3/top1": 0.3 + s / 100}
+            for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert [r["top1"] for r in run_rows(f"{tmp_path}@eagle3/top1", "top1")] == [0.31, 0.32]
+    assert [r["top1"] for r in run_rows(f"{tmp_path}@head/top1", "top1")] == [0.4, 0.4]
+    assert all("top1" not in r for r in run_rows(str(tmp_path), "top1"))
