@@ -47,7 +47,7 @@ def test_packed_target_decodes_like_the_stock_one():
     from eagle2.drafters.plain import PlainDrafter
 
     stock, fast = tiny_llama().to(torch.bfloat16), tiny_llama().to(torch.bfloat16)
-    accelerate(fast, "packed")
+    accelerate(fast, "packed", short_attention=False)  # (the attention: tests/test_short_attention.py)
     assert kernels_in_use(fast) == "packed" and kernels_in_use(stock) == "stock"
     assert not any(type(m) is nn.Linear for m in fast.modules())
     prompt = [3, 9, 4, 7, 2]

@@ -85,16 +85,34 @@ def pack_linears(model: nn.Module) -> int:
 
 
 def kernels_in_use(model: nn.Module) -> str:
-    """``packed`` or ``stock`` linears, ``+compile`` when the forward is compiled: recorded in rows."""
+    """``packed`` or ``stock`` linears, ``+short_attn`` with the short-query attention, ``+compile`` when the
+    forward is compiled: recorded in rows."""
+    from eagle2.core import short_attention
+
     kind = "packed" if any(isinstance(m, PackedLinear) for m in model.modules()) else "stock"
     base = getattr(model, "base_model", model)
     compiled = getattr(base.forward, "_torchdynamo_orig_callable", None) or getattr(model, "static_decoder", None)
-    return kind + ("+compile" if compiled else "")  # static_decoder: eagle2.core.compiled
+    attention = "+short_attn" if short_attention.in_use(model) else ""
+    return kind + attention + ("+compile" if compiled else "")  # static_decoder: eagle2.core.compiled
 
 
-def accelerate(model: nn.Module, kernels: str = "auto", compile: bool = False) -> nn.Module:
-    """``model`` with the fast kernels of this CPU (in place): packed bf16 linears where they pay, and
-    optionally a compiled forward. Inference only: a packed linear has no backward."""
+def wants_short_attention(model: nn.Module, setting: bool = True) -> bool:
+    """Whether the model takes ``eagle2.core.short_attention``: asked for, a half-precision transformers model on
+    a CPU (elsewhere the function would only hand every call to SDPA)."""
+    param = next(model.parameters(), None)
+    return (bool(setting) and hasattr(model, "set_attn_implementation") and param is not None
+            and param.device.type == "cpu" and param.dtype in (torch.bfloat16, torch.float16))
+
+
+def accelerate(model: nn.Module, kernels: str = "auto", compile: bool = False,
+               short_attention: bool = True) -> nn.Module:
+    """``model`` with the fast kernels of this CPU (in place): packed bf16 linears where they pay, the short-query
+    attention in half precision (``eagle2.core.short_attention``), and optionally a compiled forward. Inference
+    only: a packed linear has no backward."""
+    if wants_short_attention(model, short_attention) and not compile:
+        from eagle2.core.short_attention import use_short_attention
+
+        use_short_attention(model)
     if compile:  # inductor packs the weights itself (freezing); it cannot lower a PackedLinear
         if next(model.parameters()).device.type == "cpu":
             import torch._inductor.config as inductor_config

@@ -31,7 +31,7 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "cpu_kind": (str,),  # the host CPU: bf16-native (AVX512-BF16 / AMX), avx2 or unknown (core.cpu.cpu_kind)
     # where the target's weights are: its device, or modules per GPU when spread (eagle2.bench.placement.summary)
     "placement": (str,),
-    "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +compile (core.kernels)
+    "kernels": (str,),  # the target's linears: packed (oneDNN, bf16-native CPUs) or stock; +short_attn; +compile
     "compile": (str,),  # engine.compile: true, false, or auto:true / auto:false (what auto chose; bench.compile_choice)
     "compile_s": OPTIONAL_NUMBER,  # seconds compiling the target's forward before any timed section (None: eager)
     "batch_size": (int,),  # requests decoded together (1: the batch-1 engine)
