@@ -37,7 +37,7 @@ from torch import nn
 
 from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file
 from eagle2.heads.kinds import WeightKind
-from eagle2.heads.medusa_heads import DRAFT_VOCAB_FILE, HeadStack, ResBlock, read_draft_vocab, write_draft_vocab
+from eagle2.heads.medusa_heads import DRAFT_VOCAB_FILE, HeadStack, ResBlock, read_draft_vocab, save_head_stack
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILE = "hydra_heads.safetensors"
@@ -143,15 +143,7 @@ def load_hydra_heads(location: str | Path, target) -> HydraHeads:
 
 def save_hydra_heads(heads: HydraHeads, folder: str | Path, dtype: torch.dtype | None = None, **config) -> Path:
     """Write ``config.json`` + ``hydra_heads.safetensors`` (+ the draft vocabulary)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, str(folder / WEIGHT_FILE))
-    write_draft_vocab(heads.draft_vocab, folder)
-    return folder
+    return save_head_stack(heads, folder, WEIGHT_FILE, dtype, **config)
 
 
 WEIGHT_KIND = WeightKind("hydra_head", load_hydra_heads, save_hydra_heads, files=(WEIGHT_FILE,))

@@ -193,17 +193,23 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
     return heads.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
-def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype | None = None, **config) -> Path:
-    """Write ``config.json`` + ``medusa_lm_head.safetensors`` (the published keys)."""
+def save_head_stack(heads: HeadStack, folder: str | Path, weight_file: str, dtype: torch.dtype | None = None,
+                    **config) -> Path:
+    """Write ``config.json`` + ``weight_file`` (the heads' state, in ``dtype``) + the draft vocabulary."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, str(folder / WEIGHT_FILES[0]))
+    save_file(state, str(folder / weight_file))
     write_draft_vocab(heads.draft_vocab, folder)
     return folder
+
+
+def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype | None = None, **config) -> Path:
+    """Write ``config.json`` + ``medusa_lm_head.safetensors`` (the published keys)."""
+    return save_head_stack(heads, folder, WEIGHT_FILES[0], dtype, **config)
 
 
 def read_draft_vocab(folder: Path) -> torch.Tensor | None:
