@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # top-level settings known NOT to change a row's outputs; every other key of conf/config.yaml (and of
 # the experiments) must change the hash, or tests below fail
 NOT_OUTPUT_KEYS = {"logger", "paths", "threads", "warmup_tokens", "warmup_questions", "scale",
-                   "batch_refill", "too_long_prompts",  # batch_refill: hashed only with batch_size > 1
+                   "batch_refill", "batch_drafting", "too_long_prompts",  # batch_*: hashed only with batch_size > 1
                    "engine"}  # (tests/test_batch.py); too_long_prompts: hashed only as truncate_left (as
 # truncate_long_prompts=true); engine.compile: hashed only when the run compiles (tests/test_compiled.py)
 
@@ -315,3 +315,9 @@ def test_settings_added_later_change_the_hash_when_set(override):
 def test_a_too_long_policy_that_keeps_the_prompts_as_they_are_keeps_the_hash():
     assert config_hash(config("too_long_prompts=skip")) == config_hash(config())
     assert config_hash(config("too_long_prompts=truncate_left")) == config_hash(config("truncate_long_prompts=true"))
+
+
+def test_batch_drafting_is_hashed_only_when_off_in_a_batch():
+    assert config_hash(config("batch_drafting=false")) == config_hash(config())  # batch 1: nothing to draft together
+    assert config_hash(config("batch_size=4", "batch_drafting=false")) != config_hash(config("batch_size=4"))
+    assert config_hash(config("batch_size=4", "batch_drafting=true")) == config_hash(config("batch_size=4"))
