@@ -23,6 +23,7 @@ from eagle2.drafters.hydra import HydraDrafter
 from eagle2.heads.hydra_heads import WEIGHT_KIND, HydraHeads, load_hydra_heads, save_hydra_heads
 from eagle2.heads.kinds import weight_kinds
 from tests.conftest import tiny_llama
+from tests.test_medusa import shipped_heads_accept_losslessly, wrong_commit_is_caught
 
 GREEDY = SamplingParams()
 PROJECT = Path(__file__).resolve().parents[1]
@@ -167,29 +168,15 @@ def test_blanked_path_drafts_other_trees(target):
 
 def test_wrong_commit_breaks_identity(target, monkeypatch):
     """Negative control: committing the first nodes instead of the accepted path is caught."""
-    real = engine.keep_tree_path
-    monkeypatch.setattr(engine, "keep_tree_path",
-                        lambda cache, prefix, kept: real(cache, prefix, list(range(len(kept)))))
-    heads = tiny_hydra(target)
-    outs = [decode(target, {"name": "hydra", "choices": TREE}, p, 40, heads).output_ids for p in PROMPTS]
-    monkeypatch.undo()
-    assert outs != [decode(target, {"name": "plain"}, p, 40, heads).output_ids for p in PROMPTS]
+    assert wrong_commit_is_caught(decode, target, {"name": "hydra", "choices": TREE}, tiny_hydra(target), PROMPTS,
+                                  monkeypatch)
 
 
 @pytest.mark.slow
 def test_hydra_equals_plain_on_smollm2_with_shipped_heads(smollm2):
-    from eagle2.prompts.chat import encode_conversation
-
-    model, tok = smollm2
-    heads = load_hydra_heads(PROJECT / "artifacts/smollm2/hydra_head", model)
+    heads = load_hydra_heads(PROJECT / "artifacts/smollm2/hydra_head", smollm2[0])
     method = {"name": "hydra", "choices": [[0], [1], [0, 0], [0, 0, 0]]}
-    accepted = 0
-    for q in ["Write a haiku about the sea.", "What is 17 times 23? Explain step by step."]:
-        prompt = encode_conversation(tok, "tokenizer", [q], [])
-        out = decode(model, method, prompt, 48, heads)
-        assert out.output_ids == decode(model, {"name": "plain"}, prompt, 48, heads).output_ids
-        accepted += sum(out.accept_lengths) - out.target_forwards
-    assert accepted > 0
+    assert shipped_heads_accept_losslessly(decode, smollm2, method, heads) > 0
 
 
 # ---- lossless at T > 0: one real round, every random outcome enumerated ----

@@ -170,31 +170,43 @@ def test_medusa_equals_plain_on_tiny(target, own_lm_head):
     assert accepted > 0
 
 
-def test_wrong_commit_breaks_identity(target, monkeypatch):
-    """Negative control: committing the first nodes instead of the accepted path is caught."""
+def wrong_commit_is_caught(decode_fn, target, method: dict, heads, prompts, monkeypatch) -> bool:
+    """Whether committing the first nodes instead of the accepted path changes the greedy output (a choice-tree
+    method's negative control; Hydra's tests share it)."""
     real = engine.keep_tree_path
     monkeypatch.setattr(engine, "keep_tree_path",
                         lambda cache, prefix, kept: real(cache, prefix, list(range(len(kept)))))
-    heads = tiny_medusa(target)
-    outs = [decode(target, {"name": "medusa", "choices": TREE}, p, 40, heads).output_ids for p in PROMPTS]
+    outs = [decode_fn(target, method, p, 40, heads).output_ids for p in prompts]
     monkeypatch.undo()
-    assert outs != [decode(target, {"name": "plain"}, p, 40, heads).output_ids for p in PROMPTS]
+    return outs != [decode_fn(target, {"name": "plain"}, p, 40, heads).output_ids for p in prompts]
+
+
+def shipped_heads_accept_losslessly(decode_fn, smollm2, method: dict, heads) -> int:
+    """Drafts accepted over two chat prompts on SmolLM2 with shipped heads, each output asserted equal to plain
+    decoding's (fp32)."""
+    from eagle2.prompts.chat import encode_conversation
+
+    model, tok = smollm2
+    accepted = 0
+    for q in ["Write a haiku about the sea.", "What is 17 times 23? Explain step by step."]:
+        prompt = encode_conversation(tok, "tokenizer", [q], [])
+        out = decode_fn(model, method, prompt, 48, heads)
+        assert out.output_ids == decode_fn(model, {"name": "plain"}, prompt, 48, heads).output_ids
+        accepted += sum(out.accept_lengths) - out.target_forwards
+    return accepted
+
+
+def test_wrong_commit_breaks_identity(target, monkeypatch):
+    """Negative control: committing the first nodes instead of the accepted path is caught."""
+    assert wrong_commit_is_caught(decode, target, {"name": "medusa", "choices": TREE}, tiny_medusa(target), PROMPTS,
+                                  monkeypatch)
 
 
 @pytest.mark.slow
 def test_medusa_equals_plain_on_smollm2_with_shipped_head(smollm2):
-    from eagle2.prompts.chat import encode_conversation
-
-    model, tok = smollm2
-    heads = load_medusa_heads(PROJECT / "artifacts/smollm2/medusa_head", model)
+    heads = load_medusa_heads(PROJECT / "artifacts/smollm2/medusa_head", smollm2[0])
     method = {"name": "medusa", "choices": [[0], [1], [0, 0], [0, 0, 0]]}
-    accepted = 0
-    for q in ["Write a haiku about the sea.", "What is 17 times 23? Explain step by step."]:
-        prompt = encode_conversation(tok, "tokenizer", [q], [])
-        out = decode(model, method, prompt, 48, heads)
-        assert out.output_ids == decode(model, {"name": "plain"}, prompt, 48, heads).output_ids
-        accepted += sum(out.accept_lengths) - out.target_forwards
-    assert accepted > 0
+    assert shipped_heads_accept_losslessly(decode, smollm2, method, heads) > 0
 
 
 def test_draft_vocabulary_round_trips_and_restricts_the_tree(target, tmp_path):
