@@ -173,5 +173,5 @@ def load_target(model_cfg, device: str | None = None, kernels: str | None = None
         raise
     model.eval()
     accelerate(model, kernels or model_cfg.get("kernels", "auto"), bool(model_cfg.get("compile", False)),
-               bool(model_cfg.get("short_attention", False)))
+               bool(model_cfg.get("short_attention", True)))
     return model, tokenizer

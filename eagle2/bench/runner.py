@@ -100,7 +100,7 @@ def load_drafter_weights(cfg: DictConfig, target) -> dict:
     weight kind's loader (``eagle2.heads.kinds``), with the target's fast kernels (``model.kernels``) where
     they are modules (a REST datastore is data)."""
     loaded = {key: weight_kinds()[key].load(location, target) for key, location in drafter_locations(cfg).items()}
-    short = bool(cfg.model.get("short_attention", False))
+    short = bool(cfg.model.get("short_attention", True))
     return {key: accelerate(w, cfg.model.get("kernels", "auto"), short_attention=short)
             if isinstance(w, torch.nn.Module) else w for key, w in loaded.items()}
 
