@@ -14,7 +14,11 @@
   share one graph dynamic in Q, as does a prefill (its exact length).
 
 The forward itself is the lean one (``LeanLlama``): q/k/v and gate/up fused into one matrix each, the
-stock RMSNorm, rotary embedding and SDPA attention in the transformers order of operations. Inputs of
+stock RMSNorm, rotary embedding and SDPA attention in the transformers order of operations. Where the run packs
+its bf16 linears for oneDNN (``model.kernels``), the four matrices of each layer are packed too and the graph
+calls them as an opaque op (``eagle2.core.packed_op``: inductor's own bf16 product streams the weights at half
+the speed, and its weight freezing would defeat the disk cache); in half precision on a CPU, queries of at most
+64 rows attend through the matrix products (``eagle2.core.short_attention``) instead of SDPA's slow kernel. Inputs of
 decoder layers that carry forward pre-hooks (``eagle2.core.features.LayerTap``, EAGLE-3) are returned by
 the graph and handed to those hooks, so a tap sees the same tensors as on the eager path.
 
@@ -31,13 +35,17 @@ section and returns its seconds (rows: ``compile_s``).
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle2.core import packed_op
 from eagle2.core.clock import device_clock
+from eagle2.core.kernels import PackedLinear
+from eagle2.core.short_attention import MAX_ROWS, product_attention
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # padded query lengths of a tree verification
 SPAN = 256  # the attended span of the cache is the live length rounded up to a multiple of this
@@ -93,12 +101,24 @@ class LeanLlama(nn.Module):
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self.layers = nn.ModuleList(_LeanLayer(layer) for layer in base.layers[: cfg.num_hidden_layers])
+        pack = any(isinstance(module, PackedLinear) for module in model.modules())  # the run chose packed kernels
+        self.layers = nn.ModuleList(_LeanLayer(layer, pack) for layer in base.layers[: cfg.num_hidden_layers])
+        self.short_queries = model.device.type == "cpu" and model.dtype in (torch.bfloat16, torch.float16)
 
     def _rms(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # transformers' LlamaRMSNorm
         x = h.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * x.to(h.dtype)
+
+    def _attention(self, q, k, v, mask):
+        """SDPA, or for a short query in half precision on a CPU the matrix products (SDPA's CPU kernel is slow
+        there: ``eagle2.core.short_attention``); the query length is fixed in each graph, so this is decided
+        when the graph is traced."""
+        scale = self.head_dim ** -0.5
+        if self.short_queries and q.shape[2] <= MAX_ROWS:
+            return product_attention(q, k, v, mask, scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=self.heads != self.kv_heads)
 
     def forward(self, ids, positions, mask, slots, keys, values):
         # ids, positions (1, Q); mask (1, 1, Q, S) additive; slots (Q,) cache positions;
@@ -114,7 +134,7 @@ class LeanLlama(nn.Module):
             if index in self.tap_layers:
                 taps.append(h)
             x = self._rms(h, layer.ln_attn)
-            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(layer.qkv_sizes, dim=-1)
+            q, k, v = layer.linear("qkv", x).split(layer.qkv_sizes, dim=-1)
             q = q.view(1, q_len, self.heads, d).transpose(1, 2)  # (1, NH, Q, D)
             k = k.view(1, q_len, self.kv_heads, d).transpose(1, 2)
             v = v.view(1, q_len, self.kv_heads, d).transpose(1, 2)
@@ -122,20 +142,21 @@ class LeanLlama(nn.Module):
             k = k * cos + _rotate_half(k) * sin
             keys[index].index_copy_(2, slots, k)
             values[index].index_copy_(2, slots, v)
-            a = F.scaled_dot_product_attention(q, keys[index][:, :, :span], values[index][:, :, :span],
-                                               attn_mask=mask, scale=d ** -0.5,
-                                               enable_gqa=self.heads != self.kv_heads)
-            h = h + F.linear(a.transpose(1, 2).reshape(1, q_len, self.heads * d), layer.o, layer.o_bias)
+            a = self._attention(q, keys[index][:, :, :span], values[index][:, :, :span], mask)
+            h = h + layer.linear("o", a.transpose(1, 2).reshape(1, q_len, self.heads * d))
             x = self._rms(h, layer.ln_mlp)
-            gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            gate, up = layer.linear("gate_up", x).chunk(2, dim=-1)
+            h = h + layer.linear("down", F.silu(gate) * up)
         return self._rms(h, self.norm), taps
 
 
 class _LeanLayer(nn.Module):
-    """One decoder layer's weights: q/k/v fused, gate/up fused, the rest as stored."""
+    """One decoder layer's weights: q/k/v fused, gate/up fused, the rest as stored; with ``pack`` each of the four
+    also packed for oneDNN (``eagle2.core.packed_op``: the compiled graph calls them as opaque ops)."""
 
-    def __init__(self, layer):
+    LINEARS = ("qkv", "o", "gate_up", "down")
+
+    def __init__(self, layer, pack: bool = False):
         super().__init__()
         attn, mlp, fixed = layer.self_attn, layer.mlp, dict(requires_grad=False)
         self.qkv = nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
@@ -148,6 +169,11 @@ class _LeanLayer(nn.Module):
         self.down, self.down_bias = nn.Parameter(mlp.down_proj.weight.detach(), **fixed), _bias(mlp.down_proj)
         self.ln_attn = nn.Parameter(layer.input_layernorm.weight.detach(), **fixed)
         self.ln_mlp = nn.Parameter(layer.post_attention_layernorm.weight.detach(), **fixed)
+        self.packed = {name: packed_op.register(getattr(self, name)) for name in self.LINEARS} if pack else {}
+        weakref.finalize(self, packed_op.release, list(self.packed.values()))
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return packed_op.linear(x, getattr(self, name), getattr(self, f"{name}_bias"), self.packed.get(name))
 
 
 def _bias(linear) -> nn.Parameter | None:

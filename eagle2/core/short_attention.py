@@ -43,18 +43,25 @@ def short_query_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     if not applies(query, key, attention_mask, module.training):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return product_attention(query, key, value, attention_mask, scale).transpose(1, 2).contiguous(), None
+
+
+def product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """Attention as two matrix products and an fp32 softmax: ``query`` (B, H, Q, D) over ``key``/``value``
+    (B, KVH, K, D), the H heads in KVH groups; ``mask`` (B or 1, 1, Q, >= K) boolean (True: attend) or additive,
+    or None (every position). Returns (B, H, Q, D). Also the compiled path's attention for short queries."""
     batch, heads, rows, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
-    scale = scaling if scaling is not None else dim ** -0.5
     scores = (query.reshape(batch, kv_heads, groups * rows, dim) @ key.transpose(-1, -2)).float()
     scores = scores.view(batch, kv_heads, groups, rows, length) * scale
-    if attention_mask is not None:
-        mask = attention_mask[:, :, :, :length].unsqueeze(2)  # (B, 1, 1, Q, K): every head of every group
+    if mask is not None:
+        mask = mask[:, :, :, :length].unsqueeze(2)  # (B, 1, 1, Q, K): every head of every group
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
     weights = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * rows, length)
-    out = (weights @ value).view(batch, heads, rows, dim)
-    return out.transpose(1, 2).contiguous(), None
+    return (weights @ value).view(batch, heads, rows, dim)
 
 
 def use_short_attention(model: nn.Module) -> None:

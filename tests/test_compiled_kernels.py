@@ -1,0 +1,90 @@
+"""The compiled path's bf16 CPU kernels: oneDNN-packed linears as an opaque op (``eagle2.core.packed_op``) and the
+matrix-product attention for short queries (``eagle2.core.short_attention.product_attention``).
+
+In bf16 no path is bit-identical to another, so the check is numeric: against the same model's fp32 forward, the
+lean bf16 forward (uncompiled and through inductor) is no further off than the eager bf16 forward is, for a
+prompt, one decoding step and a padded tree. Control (``test_a_wrong_packed_weight_is_caught``): the lean layers
+calling a neighbouring layer's packed weights fail the comparison.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from eagle2.core import packed_op
+from eagle2.core.cache import crop, forward_target, new_cache
+from eagle2.core.compiled import attach
+from eagle2.core.kernels import pack_linears, packing_available
+from eagle2.core.tree import DraftTree
+from tests.conftest import tiny_llama
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this CPU has no oneDNN bf16 path")
+PREFIX = 300  # past one cache span (256): the short-query attention applies from 256 cached positions
+
+
+def hidden_states(model) -> list[torch.Tensor]:
+    """The final hidden states (fp32) of a prompt, one decoding step and a padded 3-node tree after it."""
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, 64, (1, PREFIX), generator=gen)
+    cache = new_cache(model)
+    out = [forward_target(model, prompt, cache)]
+    out.append(forward_target(model, torch.tensor([[5]]), cache))
+    crop(cache, PREFIX)
+    tree = DraftTree(torch.tensor([7, 9, 11]), torch.tensor([-1, 0, 0]), confidence=torch.ones(3))
+    out.append(forward_target(model, tree.tokens[None], cache, attention_mask=tree.attention_mask(PREFIX, model.dtype),
+                              position_ids=tree.position_ids(PREFIX)))
+    return [h.float() for h in out]
+
+
+def packed_bf16(reference):
+    """A bf16 copy of ``reference`` with oneDNN-packed linears, as ``kernels=auto`` makes it here."""
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    pack_linears(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    reference = tiny_llama(vocab=64, layers=2, seed=3)
+    return reference, packed_bf16(reference)
+
+
+def worst_error(reference, model) -> float:
+    with torch.no_grad():
+        return max(float((ours - ref).abs().max() / ref.abs().max())
+                   for ours, ref in zip(hidden_states(model), hidden_states(reference)))
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_lean_bf16_forward_is_as_close_to_fp32_as_eager(models, compile):
+    reference, eager = models
+    lean = packed_bf16(reference)
+    decoder = attach(lean, compile=compile)
+    assert all(layer.packed for layer in decoder.lean.layers) and decoder.lean.short_queries
+    assert worst_error(reference, lean) <= 2 * worst_error(reference, eager) + 1e-3
+
+
+def test_a_wrong_packed_weight_is_caught(models, monkeypatch):
+    reference, eager = models
+    lean = packed_bf16(reference)
+    layers = attach(lean, compile=False).lean.layers
+    first, second = layers[0].packed, layers[1].packed
+    monkeypatch.setattr(layers[0], "packed", second)
+    monkeypatch.setattr(layers[1], "packed", first)
+    assert worst_error(reference, lean) > 2 * worst_error(reference, eager) + 1e-3
+
+
+def test_released_weights_leave_the_table():
+    model = tiny_llama(vocab=64, layers=1, seed=4).to(torch.bfloat16)
+    pack_linears(model)
+    decoder = attach(model, compile=False)
+    indices = list(decoder.lean.layers[0].packed.values())
+    assert all(i in packed_op._TABLE for i in indices)
+    del decoder, model
+    import gc
+
+    gc.collect()
+    assert not any(i in packed_op._TABLE for i in indices)
