@@ -82,20 +82,23 @@ def test_sps_draft_on_the_compiled_path_equals_eager(compiled_tiny):
         assert ours.output_ids == eager.output_ids and ours.accept_lengths == eager.accept_lengths, prompt
 
 
-def test_prepare_compiles_the_target_and_a_draft_model_not_a_head(tiny, monkeypatch):
+def test_prepare_compiles_the_target_a_draft_model_and_a_head(tiny, monkeypatch):
+    """Language models through ``compiled.attach``; a head through its own path (``tests/test_compiled_heads.py``)."""
     from eagle2.core import compiled
+    from eagle2.heads import static_head
 
     target, draft, head = tiny
-    attached = []
+    attached, heads = [], []
 
     class Warm:
         def warm_up(self):
             return 1.5
 
     monkeypatch.setattr(compiled, "attach", lambda model: attached.append(model) or Warm())
+    monkeypatch.setattr(static_head, "attach_head", lambda model: heads.append(model) or Warm())
     cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 1})
-    assert compile_choice.prepare(cfg, target, {"sps_draft": draft, "head": head}) == 3.0
-    assert attached == [target, draft]
+    assert compile_choice.prepare(cfg, target, {"sps_draft": draft, "head": head}) == 4.5
+    assert attached == [target, draft] and heads == [head]
 
 
 @pytest.fixture(scope="module")

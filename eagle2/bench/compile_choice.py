@@ -1,11 +1,12 @@
 """``engine.compile``: whether a run decodes through the compiled path (``eagle2.core.compiled``).
 
-``true`` compiles the target's forward (a target the path does not cover is refused in one line) and a draft
-language model's (SpS), ``false``
-keeps the eager forward, ``auto`` compiles where this machine kind measured it faster: ``AUTO_COMPILE``
-lists those kinds (``make bench-floor`` measures T(1) eager and compiled side by side and writes the
-figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never compiles for batched decoding (the
-compiled path is batch 1) or on a device other than a CPU (the CUDA-graph path is not built yet).
+``true`` compiles the target's forward (a target the path does not cover is refused in one line), a draft
+language model's (SpS) and the draft heads' (EAGLE, EAGLE-2, EAGLE-3: ``eagle2.heads.static_head``; Medusa,
+Hydra: ``eagle2.heads.compiled_stack``), ``false`` keeps the eager forwards, ``auto`` compiles where this
+machine kind measured it faster: ``AUTO_COMPILE`` lists those kinds (``make bench-floor`` measures T(1) eager
+and compiled side by side and writes the figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never
+compiles for batched decoding (the compiled path is batch 1) or on a device other than a CPU (the CUDA-graph
+path is not built yet).
 
 Rows record the choice (``compile``: ``true``, ``false``, ``auto:true`` or ``auto:false``) and the compile
 seconds spent before any timed section (``compile_s``; None when nothing was compiled).
@@ -50,8 +51,8 @@ def resolve(cfg) -> str:
 
 def prepare(cfg, target, weights: dict | None = None) -> float | None:
     """Give ``target`` the compiled path when this run compiles, and every draft language model among the
-    drafter ``weights`` (SpS's draft) the path covers; compile them now (untimed) and return the seconds it took;
-    None when the run stays eager."""
+    drafter ``weights`` (SpS's draft) the path covers, and every draft head (``compiled_heads``); compile them
+    now (untimed) and return the seconds it took; None when the run stays eager."""
     if not decide(cfg):
         return None
     from eagle2.core.compiled import attach, supports
@@ -60,4 +61,19 @@ def prepare(cfg, target, weights: dict | None = None) -> float | None:
         raise ValueError("engine.compile=true decodes one sequence at a time: use batch_size=1 or engine.compile=false")
     drafts = [w for w in (weights or {}).values() if hasattr(w, "lm_head") and hasattr(w, "base_model")
               and supports(w) is None]
-    return sum(attach(model).warm_up() for model in (target, *drafts))
+    return sum(part.warm_up() for part in [*(attach(model) for model in (target, *drafts)),
+                                           *compiled_heads(weights or {})])
+
+
+def compiled_heads(weights: dict) -> list:
+    """The compiled path of every draft head among ``weights``: an EAGLE-1/2 or EAGLE-3 head gets its static
+    forward (``eagle2.heads.static_head``), Medusa or Hydra heads their compiled blocks
+    (``eagle2.heads.compiled_stack``); each returned part compiles on ``warm_up()``."""
+    from eagle2.heads.compiled_stack import attach_stack
+    from eagle2.heads.eagle3_head import Eagle3Head
+    from eagle2.heads.eagle_head import EagleHead
+    from eagle2.heads.medusa_heads import HeadStack
+    from eagle2.heads.static_head import attach_head
+
+    return [attach_head(w) if isinstance(w, (EagleHead, Eagle3Head)) else attach_stack(w)
+            for w in weights.values() if isinstance(w, (EagleHead, Eagle3Head, HeadStack))]

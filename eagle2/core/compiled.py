@@ -167,7 +167,8 @@ class _LeanLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(), **fixed)
         self.gate_up_bias = _fused_bias(mlp.gate_proj, mlp.up_proj)
         self.down, self.down_bias = nn.Parameter(mlp.down_proj.weight.detach(), **fixed), _bias(mlp.down_proj)
-        self.ln_attn = nn.Parameter(layer.input_layernorm.weight.detach(), **fixed)
+        norm = getattr(layer.input_layernorm, "weight", None)  # None: no input norm (an EAGLE head's first layer)
+        self.ln_attn = None if norm is None else nn.Parameter(norm.detach(), **fixed)
         self.ln_mlp = nn.Parameter(layer.post_attention_layernorm.weight.detach(), **fixed)
         self.packed = {name: packed_op.register(getattr(self, name)) for name in self.LINEARS} if pack else {}
         weakref.finalize(self, packed_op.release, list(self.packed.values()))
@@ -298,6 +299,14 @@ class StaticKV:
     def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Hidden states (1, N, H) of ``input_ids`` (1, N) at positions ``length..``; ``attention_mask`` the
         additive (1, 1, N, length + N) tree mask (None: causal)."""
+        inputs, n = self.padded_inputs(input_ids, attention_mask, position_ids)
+        hidden = self.decoder.run(*inputs, n)
+        self.length += n
+        return hidden
+
+    def padded_inputs(self, input_ids, attention_mask=None, position_ids=None):
+        """((ids, positions, mask, slots), n): the inputs of a forward of ``input_ids`` (1, n) at ``length..``
+        padded to their bucket, the buffers grown to the span it attends."""
         dec, prefix = self.decoder, self.length
         if input_ids.shape[0] != 1:
             raise CompileUnsupportedError("the compiled path decodes one sequence at a time (batch_size=1)")
@@ -312,9 +321,7 @@ class StaticKV:
         if position_ids is not None:
             positions[:, :n] = position_ids.to(device)
         mask = padded_mask(attention_mask, prefix, n, q, span, dec.dtype, device)
-        hidden = dec.run(ids, positions, mask, own, n)
-        self.length = prefix + n
-        return hidden
+        return (ids, positions, mask, own), n
 
     def crop(self, length: int) -> None:
         self.length = max(0, min(self.length, length))

@@ -20,6 +20,7 @@ from eagle2.core.clock import Spans
 from eagle2.core.kernels import PackedLinear
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
+from eagle2.heads.static_head import forward_head
 
 log = logging.getLogger(__name__)
 _LM_HEAD_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -116,8 +117,7 @@ class HeadRunner:
 
     def _head(self, tokens, feats, positions, mask) -> torch.Tensor:
         with self.spans.span():
-            return self.head(tokens[None], feats[None], position_ids=positions[None], attention_mask=mask,
-                             cache=self.cache)[0]
+            return forward_head(self.head, tokens[None], feats[None], positions[None], mask, self.cache)[0]
 
     def batch_key(self) -> tuple:
         """Drafters with equal keys draft their rows together (``eagle2.drafters.head_group``): the same head,

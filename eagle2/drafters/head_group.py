@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from eagle2.core.cache import new_cache
+from eagle2.core.compiled import CompileUnsupportedError
 from eagle2.core.tree import additive_mask
 
 
@@ -44,6 +45,9 @@ def catch_up_rows(runners) -> tuple[torch.Tensor, torch.Tensor]:
     if len(runners) == 1:  # the row alone: ``HeadRunner.catch_up``, as ever
         logp = runners[0].catch_up()
         return logp[None], runners[0].root_feature[None]
+    if getattr(runners[0].head, "static_decoder", None) is not None:  # its one buffer holds one row
+        raise CompileUnsupportedError("a compiled draft head drafts one row at a time: batched drafting "
+                                      "needs engine.compile=false")
     feats = torch.stack([r.catch_up_feature() for r in runners])  # (R, H)
     with shared_span(runners):
         return runners[0].log_probs_unspanned(feats), feats

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from eagle2.drafters.medusa import ChoiceTreeDrafter
+from eagle2.heads.compiled_stack import blocks
 from eagle2.heads.hydra_heads import HydraHeads
 
 
@@ -41,7 +42,7 @@ class HydraDrafter(ChoiceTreeDrafter):
             for d, (nodes, parent_rows, expanded, top_k) in enumerate(self.levels):
                 paths = torch.tensor([[root] + (node_path[p] if p >= 0 else []) for p in expanded],
                                      device=param.device)  # (P, d+1): the root, then the path's drafted tokens
-                feats = self.heads.head_features(d, hidden.expand(len(expanded), -1), paths)  # (P, H)
+                feats = blocks(self.heads).head_features(d, hidden.expand(len(expanded), -1), paths)  # (P, H)
                 lm = self.lm_heads[d]
                 top = torch.topk(torch.log_softmax(lm(feats.to(lm.weight.dtype)).float(), -1), top_k, dim=-1)
                 ids, lp = top.indices.cpu(), top.values.cpu()

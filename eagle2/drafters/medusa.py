@@ -17,6 +17,7 @@ import torch
 from eagle2.core.clock import Spans
 from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import drafting_lm_head, path_log_values, tree_from_drafted
+from eagle2.heads.compiled_stack import blocks
 from eagle2.heads.medusa_heads import HeadStack
 
 
@@ -67,7 +68,7 @@ class MedusaDrafter(ChoiceTreeDrafter):
     def candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(depth, top_k) token ids and log-probabilities of the top choices of each head, best first."""
         with self.spans.span():
-            feats = self.heads.features(self.hidden.to(next(self.heads.parameters()).dtype), self.num_heads)
+            feats = blocks(self.heads).features(self.hidden.to(next(self.heads.parameters()).dtype), self.num_heads)
             logits = torch.stack([lm(f.to(lm.weight.dtype)) for lm, f in zip(self.lm_heads, feats)]).float()
             top = torch.topk(torch.log_softmax(logits, dim=-1), self.top_k, dim=-1)
         tokens = top.indices.cpu()

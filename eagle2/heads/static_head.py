@@ -1,0 +1,108 @@
+"""The compiled decoding path of a feature-level draft head (EAGLE-1/2, EAGLE-3): its forward through
+``torch.compile`` at fixed shapes, over a static KV buffer of its own.
+
+``attach_head(head)`` gives the head a ``StaticHead`` (``head.static_decoder``, as ``eagle2.core.compiled.attach``
+gives a target one); from then on ``eagle2.core.cache.new_cache(head)`` hands out a ``StaticHeadKV`` and
+``forward_head`` runs the head's forwards through it. The target's patterns, reused (``eagle2.core.compiled``):
+one preallocated buffer per layer written in place (``StaticDecoder.reserve``), the attended span rounded up to
+``SPAN``, the query rows padded to a bucket with the padding masked (``StaticKV.padded_inputs``): a catch-up of
+n accepted pairs runs as ``bucket(n)`` rows, a depth of EAGLE-2's tree (``top_k`` nodes) as ``bucket(top_k)``.
+Q = 1 is its own static graph, the buckets above share one graph dynamic in Q (and in the span); an EAGLE-3
+head has two of each, for its two feature widths (fused target layers at the catch-up, its own outputs in
+the tree). ``crop`` after a round is the length moving: the tree's entries past it are overwritten by the next
+catch-up, never read before.
+
+Batch 1, one generation at a time per head (the buffer is the head's): a batched drafting round over several
+rows (``eagle2.drafters.head_group``) stays eager and is refused on a compiled head. On a GPU it compiles
+without CUDA graphs. ``warm_up`` compiles every graph before any timed section (inductor's disk cache,
+``eagle2.core.compiled.use_disk_cache``: a second process loads them) and returns its seconds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from eagle2.core.clock import device_clock
+from eagle2.core.compiled import StaticDecoder, StaticKV, use_disk_cache
+from eagle2.heads.lean_heads import lean_head
+
+
+class StaticHead(StaticDecoder):
+    """A head's compiled forward and its static KV buffer. Shares the target decoder's buffer handling
+    (``reserve``, ``capacity``); its own inputs add the features."""
+
+    def __init__(self, head, compile: bool = True):  # not StaticDecoder's: there is no target to read
+        self.model, self.lean = head, lean_head(head)
+        param = next(head.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.compiled, self.graphs = compile, False
+        self.keys: list[torch.Tensor] = []  # per layer (1, KVH, capacity, D)
+        self.values: list[torch.Tensor] = []
+        self.compile_s = 0.0
+        if compile:
+            use_disk_cache()
+            self.step = torch.compile(self.lean, dynamic=False)  # Q = 1: its own static graph
+            self.step_many = torch.compile(self.lean, dynamic=None)  # Q > 1: marked dynamic in ``run``
+        else:
+            self.step = self.step_many = self.lean
+
+    def new_cache(self) -> "StaticHeadKV":
+        return StaticHeadKV(self)
+
+    @torch.no_grad()
+    def run(self, ids, features, positions, mask, slots, n: int) -> torch.Tensor:
+        """One forward over inputs padded after ``n`` real rows; returns the predicted features (1, n, h)."""
+        many = ids.shape[1] > 1
+        if self.compiled:
+            if many:
+                for tensor, dim in ((ids, 1), (features, 1), (positions, 1), (mask, 2), (slots, 0)):
+                    torch._dynamo.mark_dynamic(tensor, dim)
+            for tensor in (*self.keys, *self.values):
+                torch._dynamo.mark_dynamic(tensor, 2)
+            torch._dynamo.mark_dynamic(mask, 3)
+        step = self.step_many if many else self.step
+        return step(ids, features, positions, mask, slots, self.keys, self.values)[:, :n]
+
+    def warm_up(self, context: int = 64) -> float:
+        """Compile the graphs a decoding uses (Q = 1 and the buckets, every feature width) outside any timed
+        section; returns the seconds it took (a cached compile: seconds)."""
+        start = device_clock(self.device)
+        vocab = self.lean.embed.shape[0]
+        for width in self.lean.feature_widths:
+            cache = self.new_cache()
+            for q in (context, 1, 4):
+                ids = torch.randint(vocab, (1, q), device=self.device)
+                cache.forward(ids, torch.randn(1, q, width, dtype=self.dtype, device=self.device))
+        self.compile_s = device_clock(self.device) - start
+        return self.compile_s
+
+
+class StaticHeadKV(StaticKV):
+    """One generation's view of a head's static buffer: ``forward`` takes the features too."""
+
+    def forward(self, input_ids, features, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Predicted features (1, N, h) of ``input_ids`` (1, N) and ``features`` (1, N, F) at positions
+        ``position_ids`` (default ``length..``), written at cache slots ``length..``; ``attention_mask`` the
+        additive (1, 1, N, length + N) mask over the slots (None: causal)."""
+        (ids, positions, mask, slots), n = self.padded_inputs(input_ids, attention_mask, position_ids)
+        dec = self.decoder
+        padded = F.pad(features.to(dec.device, dec.dtype), (0, 0, 0, ids.shape[1] - n))
+        out = dec.run(ids, padded, positions, mask, slots, n)
+        self.length += n
+        return out
+
+
+def forward_head(head, tokens, features, positions, mask, cache) -> torch.Tensor:
+    """The head's forward over one row: ``tokens`` (1, Q), ``features`` (1, Q, F), ``positions`` (1, Q), the
+    additive ``mask`` (1, 1, Q, past + Q); through the compiled path when ``cache`` is a head's static one."""
+    if isinstance(cache, StaticHeadKV):
+        return cache.forward(tokens, features, mask, positions)
+    return head(tokens, features, position_ids=positions, attention_mask=mask, cache=cache)
+
+
+def attach_head(head, compile: bool = True) -> StaticHead:
+    """Give ``head`` the compiled path (``head.static_decoder``); returns it."""
+    static = StaticHead(head, compile)
+    head.static_decoder = static
+    return static
