@@ -18,6 +18,7 @@ from eagle2.core import packed_op
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.compiled import attach
 from eagle2.core.kernels import pack_linears, packing_available
+from eagle2.core.lean_layers import LeanLinear
 from eagle2.core.tree import DraftTree
 from tests.conftest import tiny_llama
 
@@ -52,6 +53,10 @@ def models():
     return reference, packed_bf16(reference)
 
 
+def lean_linears(decoder) -> list[LeanLinear]:
+    return [m for m in decoder.lean.modules() if isinstance(m, LeanLinear)]
+
+
 def worst_error(reference, model) -> float:
     with torch.no_grad():
         return max(float((ours - ref).abs().max() / ref.abs().max())
@@ -63,7 +68,7 @@ def test_lean_bf16_forward_is_as_close_to_fp32_as_eager(models, compile):
     reference, eager = models
     lean = packed_bf16(reference)
     decoder = attach(lean, compile=compile)
-    assert all(layer.packed for layer in decoder.lean.layers) and decoder.lean.short_queries
+    assert all(linear.index is not None for linear in lean_linears(decoder)) and decoder.lean.short_queries
     assert worst_error(reference, lean) <= 2 * worst_error(reference, eager) + 1e-3
 
 
@@ -71,9 +76,10 @@ def test_a_wrong_packed_weight_is_caught(models, monkeypatch):
     reference, eager = models
     lean = packed_bf16(reference)
     layers = attach(lean, compile=False).lean.layers
-    first, second = layers[0].packed, layers[1].packed
-    monkeypatch.setattr(layers[0], "packed", second)
-    monkeypatch.setattr(layers[1], "packed", first)
+    for name in ("qkv", "o", "gate_up", "down"):  # each layer calls the other's packed weights
+        first, second = getattr(layers[0], name), getattr(layers[1], name)
+        monkeypatch.setattr(first, "index", second.index)
+        monkeypatch.setattr(second, "index", first.index)
     assert worst_error(reference, lean) > 2 * worst_error(reference, eager) + 1e-3
 
 
@@ -81,7 +87,7 @@ def test_released_weights_leave_the_table():
     model = tiny_llama(vocab=64, layers=1, seed=4).to(torch.bfloat16)
     pack_linears(model)
     decoder = attach(model, compile=False)
-    indices = list(decoder.lean.layers[0].packed.values())
+    indices = [linear.index for linear in lean_linears(decoder)]
     assert all(i in packed_op._TABLE for i in indices)
     del decoder, model
     import gc

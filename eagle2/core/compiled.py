@@ -35,20 +35,20 @@ section and returns its seconds (rows: ``compile_s``).
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from eagle2.core import packed_op
 from eagle2.core.clock import device_clock
-from eagle2.core.kernels import PackedLinear
-from eagle2.core.short_attention import MAX_ROWS, product_attention
+from eagle2.core.lean_layers import LeanStack, fixed, rms, wants_packed
+from eagle2.core.short_attention import MAX_ROWS
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # padded query lengths of a tree verification
 SPAN = 256  # the attended span of the cache is the live length rounded up to a multiple of this
+# warm-up: a prompt past MAX_ROWS (its own graph), in buffers longer than the span it attends, so that no
+# shape is traced equal to another that a decoding later tells apart (dynamo gives equal sizes one symbol)
+WARM_CONTEXT = 2 * MAX_ROWS
 SUPPORTED = ("llama",)  # model_type values whose forward LeanLlama reproduces
 CACHE_DIR = Path.home() / ".cache" / "eagle2" / "inductor"
 
@@ -83,114 +83,31 @@ def use_disk_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(CACHE_DIR)
 
 
-class LeanLlama(nn.Module):
-    """A Llama decoder's forward over a static KV buffer, with fused projections (weights shared with
-    ``model`` where fusing does not need a copy). Returns the final-normed hidden states (1, Q, H) and
-    the inputs of ``tap_layers``."""
+class LeanLlama(LeanStack):
+    """A Llama decoder's forward over a static KV buffer (``eagle2.core.lean_layers``). Returns the final-normed
+    hidden states (1, Q, H) and the inputs of ``tap_layers``."""
 
     def __init__(self, model):
-        super().__init__()
         cfg, base = model.config, model.base_model
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
+        super().__init__(cfg, base.rotary_emb, base.layers[: cfg.num_hidden_layers], wants_packed(model),
+                         model.dtype, model.device)
         self.tap_layers: tuple[int, ...] = ()
-        fixed = dict(requires_grad=False)
-        self.embed = nn.Parameter(base.embed_tokens.weight.detach(), **fixed)
-        self.norm = nn.Parameter(base.norm.weight.detach(), **fixed)
-        rotary = base.rotary_emb
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        pack = any(isinstance(module, PackedLinear) for module in model.modules())  # the run chose packed kernels
-        self.layers = nn.ModuleList(_LeanLayer(layer, pack) for layer in base.layers[: cfg.num_hidden_layers])
-        self.short_queries = model.device.type == "cpu" and model.dtype in (torch.bfloat16, torch.float16)
-
-    def _rms(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # transformers' LlamaRMSNorm
-        x = h.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * x.to(h.dtype)
-
-    def _attention(self, q, k, v, mask):
-        """SDPA, or for a short query in half precision on a CPU the matrix products (SDPA's CPU kernel is slow
-        there: ``eagle2.core.short_attention``); the query length is fixed in each graph, so this is decided
-        when the graph is traced."""
-        scale = self.head_dim ** -0.5
-        if self.short_queries and q.shape[2] <= MAX_ROWS:
-            return product_attention(q, k, v, mask, scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=self.heads != self.kv_heads)
+        self.embed = fixed(base.embed_tokens.weight)
+        self.norm = fixed(base.norm.weight)
 
     def forward(self, ids, positions, mask, slots, keys, values):
         # ids, positions (1, Q); mask (1, 1, Q, S) additive; slots (Q,) cache positions;
         # keys, values: per layer (1, KVH, C, D), C >= S; the forward attends over the first S positions
         h = F.embedding(ids, self.embed)  # (1, Q, H)
-        freqs = positions[..., None].float() * self.inv_freq  # (1, Q, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(h.dtype)[:, None]  # (1, 1, Q, D)
-        sin = (emb.sin() * self.rope_scale).to(h.dtype)[:, None]
-        q_len, span, d = ids.shape[1], mask.shape[-1], self.head_dim
+        rope = self.rotary(positions, h.dtype)
         taps = []
         for index, layer in enumerate(self.layers):
             if index in self.tap_layers:
                 taps.append(h)
-            x = self._rms(h, layer.ln_attn)
-            q, k, v = layer.linear("qkv", x).split(layer.qkv_sizes, dim=-1)
-            q = q.view(1, q_len, self.heads, d).transpose(1, 2)  # (1, NH, Q, D)
-            k = k.view(1, q_len, self.kv_heads, d).transpose(1, 2)
-            v = v.view(1, q_len, self.kv_heads, d).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys[index].index_copy_(2, slots, k)
-            values[index].index_copy_(2, slots, v)
-            a = self._attention(q, keys[index][:, :, :span], values[index][:, :, :span], mask)
-            h = h + layer.linear("o", a.transpose(1, 2).reshape(1, q_len, self.heads * d))
-            x = self._rms(h, layer.ln_mlp)
-            gate, up = layer.linear("gate_up", x).chunk(2, dim=-1)
-            h = h + layer.linear("down", F.silu(gate) * up)
-        return self._rms(h, self.norm), taps
-
-
-class _LeanLayer(nn.Module):
-    """One decoder layer's weights: q/k/v fused, gate/up fused, the rest as stored; with ``pack`` each of the four
-    also packed for oneDNN (``eagle2.core.packed_op``: the compiled graph calls them as opaque ops)."""
-
-    LINEARS = ("qkv", "o", "gate_up", "down")
-
-    def __init__(self, layer, pack: bool = False):
-        super().__init__()
-        attn, mlp, fixed = layer.self_attn, layer.mlp, dict(requires_grad=False)
-        self.qkv = nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-                                **fixed)
-        self.qkv_sizes = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])
-        self.qkv_bias = _fused_bias(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.o, self.o_bias = nn.Parameter(attn.o_proj.weight.detach(), **fixed), _bias(attn.o_proj)
-        self.gate_up = nn.Parameter(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(), **fixed)
-        self.gate_up_bias = _fused_bias(mlp.gate_proj, mlp.up_proj)
-        self.down, self.down_bias = nn.Parameter(mlp.down_proj.weight.detach(), **fixed), _bias(mlp.down_proj)
-        norm = getattr(layer.input_layernorm, "weight", None)  # None: no input norm (an EAGLE head's first layer)
-        self.ln_attn = None if norm is None else nn.Parameter(norm.detach(), **fixed)
-        self.ln_mlp = nn.Parameter(layer.post_attention_layernorm.weight.detach(), **fixed)
-        self.packed = {name: packed_op.register(getattr(self, name)) for name in self.LINEARS} if pack else {}
-        weakref.finalize(self, packed_op.release, list(self.packed.values()))
-
-    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return packed_op.linear(x, getattr(self, name), getattr(self, f"{name}_bias"), self.packed.get(name))
-
-
-def _bias(linear) -> nn.Parameter | None:
-    return None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-
-
-def _fused_bias(*linears) -> nn.Parameter | None:
-    if all(lin.bias is None for lin in linears):
-        return None
-    parts = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears]
-    return nn.Parameter(torch.cat(parts).detach(), requires_grad=False)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            h = h + self.attention(layer, rms(h, layer.ln_attn, self.eps), rope, mask, slots, keys[index],
+                                   values[index])
+            h = self.mlp(layer, h)
+        return rms(h, self.norm, self.eps), taps
 
 
 class StaticDecoder:
@@ -272,10 +189,11 @@ class StaticDecoder:
                 hook(layer, (tap[:, :n],), {})
         return hidden[:, :n]
 
-    def warm_up(self, context: int = 64) -> float:
-        """Compile the graphs a decoding uses (Q = 1 and the tree buckets) outside any timed section;
-        returns the seconds it took (a cached compile: seconds)."""
+    def warm_up(self, context: int = WARM_CONTEXT) -> float:
+        """Compile the graphs a decoding uses outside any timed section: a prompt longer than the short-query
+        rows, Q = 1 and the tree buckets; returns the seconds it took (a cached compile: seconds)."""
         start = device_clock(self.device)
+        self.reserve(2 * SPAN)
         cache = self.new_cache()
         vocab = self.model.config.vocab_size
         cache.forward(torch.randint(vocab, (1, context), device=self.device))
@@ -313,9 +231,10 @@ class StaticKV:
         n = input_ids.shape[1]
         q = bucket(n)
         span = -(-(prefix + q) // SPAN) * SPAN
-        dec.reserve(span)
+        dec.reserve(span + 1)  # the buffers always outlast the span: a graph traced with them longer stays valid
         device = dec.device
-        ids = F.pad(input_ids.to(device), (0, q - n))
+        ids = torch.zeros(1, q, dtype=torch.long, device=device)  # fresh: a strided view would fail a guard
+        ids[:, :n] = input_ids
         own = torch.arange(prefix, prefix + q, device=device)
         positions = own[None].clone()
         if position_ids is not None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 
 import torch
 from torch import nn
 
+from eagle2.core import packed_op
 from eagle2.core.cpu import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
@@ -52,10 +54,14 @@ class PackedLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
                              persistent=False)
+        self.index = packed_op.adopt(self.packed)  # what a compiled graph calls (it cannot hold a oneDNN tensor)
+        weakref.finalize(self, packed_op.release, [self.index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # the packed op has no backward (the gradient would miss ``weight``) and
             return nn.functional.linear(x, self.weight, self.bias)  # under autograd it ran ~90x slower, measured
+        if torch.compiler.is_compiling():  # traced into a graph: the opaque op (eagle2.core.packed_op)
+            return packed_op.linear(x, self.weight, self.bias, self.index)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

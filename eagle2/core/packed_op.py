@@ -42,8 +42,13 @@ torch.library.register_fake("eagle2::packed_linear", _shape_only, lib=_LIB)
 
 def register(weight: torch.Tensor) -> int:
     """Pack ``weight`` (out, in), bf16 on a CPU, for oneDNN; returns its index for ``linear``."""
+    return adopt(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+
+
+def adopt(packed: torch.Tensor) -> int:
+    """Enter an already packed weight (``eagle2.core.kernels.PackedLinear``'s) in the table; returns its index."""
     index = next(_NEXT)
-    _TABLE[index] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    _TABLE[index] = packed
     return index
 
 

@@ -21,10 +21,9 @@ without CUDA graphs. ``warm_up`` compiles every graph before any timed section (
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from eagle2.core.clock import device_clock
-from eagle2.core.compiled import StaticDecoder, StaticKV, use_disk_cache
+from eagle2.core.compiled import SPAN, WARM_CONTEXT, StaticDecoder, StaticKV, use_disk_cache
 from eagle2.heads.lean_heads import lean_head
 
 
@@ -64,11 +63,12 @@ class StaticHead(StaticDecoder):
         step = self.step_many if many else self.step
         return step(ids, features, positions, mask, slots, self.keys, self.values)[:, :n]
 
-    def warm_up(self, context: int = 64) -> float:
+    def warm_up(self, context: int = WARM_CONTEXT) -> float:
         """Compile the graphs a decoding uses (Q = 1 and the buckets, every feature width) outside any timed
         section; returns the seconds it took (a cached compile: seconds)."""
         start = device_clock(self.device)
         vocab = self.lean.embed.shape[0]
+        self.reserve(2 * SPAN)
         for width in self.lean.feature_widths:
             cache = self.new_cache()
             for q in (context, 1, 4):
@@ -87,7 +87,8 @@ class StaticHeadKV(StaticKV):
         additive (1, 1, N, length + N) mask over the slots (None: causal)."""
         (ids, positions, mask, slots), n = self.padded_inputs(input_ids, attention_mask, position_ids)
         dec = self.decoder
-        padded = F.pad(features.to(dec.device, dec.dtype), (0, 0, 0, ids.shape[1] - n))
+        padded = torch.zeros(1, ids.shape[1], features.shape[-1], dtype=dec.dtype, device=dec.device)
+        padded[:, :n] = features  # fresh: a strided view would fail a guard
         out = dec.run(ids, padded, positions, mask, slots, n)
         self.length += n
         return out
