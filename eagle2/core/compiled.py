@@ -130,8 +130,11 @@ class StaticDecoder:
             mode = "reduce-overhead" if self.graphs else None
             if self.graphs:  # a graph per bucket and span: more than dynamo's default of 8 recompiles
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self.step = torch.compile(self.lean, dynamic=False, mode=mode)  # Q = 1: its own static graph
-            self.step_many = torch.compile(self.lean, dynamic=None, mode=mode)  # Q > 1: marked dynamic below
+            # each decoder's graphs count on their own: in one process (a sweep) every target, draft and head shares
+            # the lean forward's code, and past dynamo's 8 recompiles per code object it would fall back to eager
+            own = dict(mode=mode, isolate_recompiles=True)
+            self.step = torch.compile(self.lean, dynamic=False, **own)  # Q = 1: its own static graph
+            self.step_many = torch.compile(self.lean, dynamic=None, **own)  # Q > 1: marked dynamic below
         else:
             self.step = self.step_many = self.lean
 

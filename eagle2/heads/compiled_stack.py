@@ -34,8 +34,9 @@ class CompiledBlocks:
             use_disk_cache()
             graphs = 2 * len(heads) + 1  # Hydra: P = 1 and P > 1 per head; Medusa: one
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, graphs)
-            self._all_features = None if all_features is None else torch.compile(all_features, dynamic=False)
-            self._head_features = torch.compile(heads.head_features, dynamic=None)
+            self._all_features = (None if all_features is None
+                                  else torch.compile(all_features, dynamic=False, isolate_recompiles=True))
+            self._head_features = torch.compile(heads.head_features, dynamic=None, isolate_recompiles=True)
         else:
             self._all_features, self._head_features = all_features, heads.head_features
 

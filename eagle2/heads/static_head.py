@@ -41,8 +41,8 @@ class StaticHead(StaticDecoder):
         self.compile_s = 0.0
         if compile:
             use_disk_cache()
-            self.step = torch.compile(self.lean, dynamic=False)  # Q = 1: its own static graph
-            self.step_many = torch.compile(self.lean, dynamic=None)  # Q > 1: marked dynamic in ``run``
+            self.step = torch.compile(self.lean, dynamic=False, isolate_recompiles=True)  # Q = 1: its own static graph
+            self.step_many = torch.compile(self.lean, dynamic=None, isolate_recompiles=True)  # Q > 1: see ``run``
         else:
             self.step = self.step_many = self.lean
 
