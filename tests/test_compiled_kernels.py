@@ -96,16 +96,15 @@ def test_released_weights_leave_the_table():
     assert not any(i in packed_op._TABLE for i in indices)
 
 
-def test_decoders_in_one_process_do_not_share_a_recompile_limit(monkeypatch):
+def test_decoders_in_one_process_do_not_share_a_recompile_limit():
     """A sweep compiles many targets, drafts and heads in one process, all through the same lean forward's code:
     each decoder's graphs must count on their own, or past dynamo's limit the rest run eagerly, silently.
     Control: without ``isolate_recompiles`` the third decoder here is refused a graph."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     counters.clear()
-    with torch.no_grad():
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
         for seed in range(3):
             model = tiny_llama(vocab=64, layers=1, seed=seed)
             attach(model, compile=True)
