@@ -18,9 +18,11 @@ stock RMSNorm, rotary embedding and SDPA attention in the transformers order of 
 its bf16 linears for oneDNN (``model.kernels``), the four matrices of each layer are packed too and the graph
 calls them as an opaque op (``eagle2.core.packed_op``: inductor's own bf16 product streams the weights at half
 the speed, and its weight freezing would defeat the disk cache); in half precision on a CPU, queries of at most
-64 rows attend through the matrix products (``eagle2.core.short_attention``) instead of SDPA's slow kernel. Inputs of
-decoder layers that carry forward pre-hooks (``eagle2.core.features.LayerTap``, EAGLE-3) are returned by
-the graph and handed to those hooks, so a tap sees the same tensors as on the eager path.
+64 rows attend through the matrix products (``eagle2.core.short_attention``) instead of SDPA's slow kernel. The graph
+returns every decoder layer's input, and those of layers that carry forward pre-hooks
+(``eagle2.core.features.LayerTap``, EAGLE-3) are handed to the hooks, so a tap sees the same tensors as on the
+eager path and the graphs do not depend on which layers are tapped (a drafter registering its taps after the
+warm-up would otherwise compile three more graphs inside its first timed prefill).
 
 On CUDA the graphs are captured as CUDA graphs (``mode="reduce-overhead"``, inductor's CUDA-graph trees: one
 graph per query bucket and cache span, replayed with one launch): the KV buffers are marked as static addresses
@@ -85,13 +87,12 @@ def use_disk_cache() -> None:
 
 class LeanLlama(LeanStack):
     """A Llama decoder's forward over a static KV buffer (``eagle2.core.lean_layers``). Returns the final-normed
-    hidden states (1, Q, H) and the inputs of ``tap_layers``."""
+    hidden states (1, Q, H) and every layer's input (the graph does not depend on which layers are tapped)."""
 
     def __init__(self, model):
         cfg, base = model.config, model.base_model
         super().__init__(cfg, base.rotary_emb, base.layers[: cfg.num_hidden_layers], wants_packed(model),
                          model.dtype, model.device)
-        self.tap_layers: tuple[int, ...] = ()
         self.embed = fixed(base.embed_tokens.weight)
         self.norm = fixed(base.norm.weight)
 
@@ -100,14 +101,13 @@ class LeanLlama(LeanStack):
         # keys, values: per layer (1, KVH, C, D), C >= S; the forward attends over the first S positions
         h = F.embedding(ids, self.embed)  # (1, Q, H)
         rope = self.rotary(positions, h.dtype)
-        taps = []
+        inputs = []
         for index, layer in enumerate(self.layers):
-            if index in self.tap_layers:
-                taps.append(h)
+            inputs.append(h)
             h = h + self.attention(layer, rms(h, layer.ln_attn, self.eps), rope, mask, slots, keys[index],
                                    values[index])
             h = self.mlp(layer, h)
-        return rms(h, self.norm, self.eps), taps
+        return rms(h, self.norm, self.eps), inputs
 
 
 class StaticDecoder:
@@ -160,8 +160,10 @@ class StaticDecoder:
             return new
         self.keys = [grown(self.keys[i] if have else None) for i in range(len(lean.layers))]
         self.values = [grown(self.values[i] if have else None) for i in range(len(lean.layers))]
-        if self.graphs:  # written in place inside the captured graphs: their addresses must not move
-            for buffer in (*self.keys, *self.values):
+        for buffer in (*self.keys, *self.values):
+            if self.compiled:  # once per buffer, not per forward (60 calls a step on SmolLM2)
+                torch._dynamo.mark_dynamic(buffer, 2)
+            if self.graphs:  # written in place inside the captured graphs: their addresses must not move
                 torch._dynamo.mark_static_address(buffer)
 
     @torch.no_grad()
@@ -169,7 +171,6 @@ class StaticDecoder:
         """One forward over inputs padded after ``n`` real tokens; the tap hooks see the layer inputs of the
         real tokens. Returns hidden (1, n, H)."""
         tapped = tuple(i for i, layer in enumerate(self.layers) if layer._forward_pre_hooks)
-        self.lean.tap_layers = tapped
         if ids.shape[1] == 1:
             step = self.step
         else:
@@ -178,12 +179,11 @@ class StaticDecoder:
                 for tensor, dim in ((ids, 1), (positions, 1), (mask, 2), (slots, 0)):
                     torch._dynamo.mark_dynamic(tensor, dim)
         if self.compiled:
-            for tensor in (*self.keys, *self.values):
-                torch._dynamo.mark_dynamic(tensor, 2)
             torch._dynamo.mark_dynamic(mask, 3)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        hidden, taps = step(ids, positions, mask, slots, self.keys, self.values)
+        hidden, inputs = step(ids, positions, mask, slots, self.keys, self.values)
+        taps = [inputs[i] for i in tapped]
         if self.graphs:  # the next replay overwrites a graph's outputs
             hidden, taps = hidden[:, :n].clone(), [tap.clone() for tap in taps]
         for index, tap in zip(tapped, taps):

@@ -57,8 +57,6 @@ class StaticHead(StaticDecoder):
             if many:
                 for tensor, dim in ((ids, 1), (features, 1), (positions, 1), (mask, 2), (slots, 0)):
                     torch._dynamo.mark_dynamic(tensor, dim)
-            for tensor in (*self.keys, *self.values):
-                torch._dynamo.mark_dynamic(tensor, 2)
             torch._dynamo.mark_dynamic(mask, 3)
         step = self.step_many if many else self.step
         return step(ids, features, positions, mask, slots, self.keys, self.values)[:, :n]
