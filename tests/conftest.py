@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import weakref
 
@@ -25,6 +27,7 @@ def pytest_configure(config):
 
 # cost profiles measured by tests (method total_tokens=auto) go here, not to ~/.cache
 PROFILE_DIR = tempfile.mkdtemp(prefix="eagle2-test-profiles-")
+atexit.register(shutil.rmtree, PROFILE_DIR, ignore_errors=True)  # one per pytest process: not left behind
 
 
 def tiny_llama(vocab: int = 64, layers: int = 2, seed: int = 0, hidden: int = 32, scale: float = 1.0):

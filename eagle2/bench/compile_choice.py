@@ -18,9 +18,11 @@ from eagle2.core.cpu import cpu_kind
 
 CHOICES = ("auto", "true", "false")
 RESOLVED = ("auto:true", "auto:false")  # what ``resolve`` makes of auto on this machine
-# Machine kinds where the compiled forward measured faster than the eager one at T(1), the baseline every
-# method pays (docs/results/floor/<kind>.md, make bench-floor). None yet: on the bf16-native page compiled
-# T(1) was slower than eager (eager runs packed oneDNN linears there), though faster for trees of 8-32 tokens.
+# Machine kinds where ``auto`` compiles (docs/results/floor/<kind>.md, make bench-floor). None: on the bf16-native
+# page the compiled T(1) is faster than the eager one (with the packed linears and the short-query attention in
+# the graph), but a process's first compile (~60-75 s for SmolLM2 and a head; ~10 s from the disk cache) costs
+# more than it saves on a short run (``make demo``'s ~1,000 tokens save ~6 s), and ``auto`` does not weigh a
+# run's length: ``engine.compile=true`` is the setting for long runs and sweeps.
 AUTO_COMPILE: tuple[str, ...] = ()
 
 
