@@ -6,8 +6,8 @@
   compiled too).
 - The exact certification round (``test_certification_exact``) on the compiled target: one real round's
   every outcome enumerated, against the target's exact joint distribution.
-- Slow: the compiled SmolLM2 in fp32 token-identical to eager plain decoding for every method on the
-  certification prompts.
+- Slow: the compiled SmolLM2 (and its compiled draft heads) in fp32 token-identical to eager plain decoding for
+  every method on the certification prompts.
 """
 
 from __future__ import annotations
@@ -153,6 +153,8 @@ def test_compiled_smollm2_equals_eager_plain(smollm2, name):
     compiled = with_path(target, compile=True)
     weights_c = {key: weight_kinds()[key].load(resolve_artifact(model_cfg[key]), compiled)
                  for key in method_spec(method).weights}
+    for part in compile_choice.compiled_heads(weights_c):  # the draft heads on the compiled path too
+        part.warm_up()
     for question in ("What is the capital of France?", "Write a haiku about autumn leaves."):
         prompt = encode_conversation(tokenizer, "tokenizer", [question], [], None)
         plain = engine.generate(target, build_drafter(OmegaConf.create({"name": "plain"}), target, GREEDY, None,
