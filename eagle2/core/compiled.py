@@ -117,26 +117,28 @@ class StaticDecoder:
         reason = supports(model)
         if reason:
             raise CompileUnsupportedError(reason)
-        self.model, self.lean = model, LeanLlama(model)
         self.layers = model.base_model.layers
-        self.dtype, self.device = model.dtype, model.device
-        self.compiled = compile
-        self.graphs = compile and self.device.type == "cuda"  # CUDA graphs (reduce-overhead) on a GPU
+        self._setup(model, LeanLlama(model), model.dtype, model.device, compile,
+                    graphs=compile and model.device.type == "cuda")  # CUDA graphs (reduce-overhead) on a GPU
+
+    def _setup(self, model, lean, dtype, device, compile: bool, graphs: bool) -> None:
+        """The lean forward, its empty buffers and its two compiled steps (a head's path shares this)."""
+        self.model, self.lean, self.dtype, self.device = model, lean, dtype, device
+        self.compiled, self.graphs = compile, graphs
         self.keys: list[torch.Tensor] = []  # per layer (1, KVH, capacity, D)
         self.values: list[torch.Tensor] = []
         self.compile_s = 0.0
-        if compile:
-            use_disk_cache()
-            mode = "reduce-overhead" if self.graphs else None
-            if self.graphs:  # a graph per bucket and span: more than dynamo's default of 8 recompiles
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            # each decoder's graphs count on their own: in one process (a sweep) every target, draft and head shares
-            # the lean forward's code, and past dynamo's 8 recompiles per code object it would fall back to eager
-            own = dict(mode=mode, isolate_recompiles=True)
-            self.step = torch.compile(self.lean, dynamic=False, **own)  # Q = 1: its own static graph
-            self.step_many = torch.compile(self.lean, dynamic=None, **own)  # Q > 1: marked dynamic below
-        else:
-            self.step = self.step_many = self.lean
+        if not compile:
+            self.step = self.step_many = lean
+            return
+        use_disk_cache()
+        if graphs:  # a graph per bucket and span: more than dynamo's default of 8 recompiles
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # each decoder's graphs count on their own: in one process (a sweep) every target, draft and head shares
+        # the lean forward's code, and past dynamo's 8 recompiles per code object it would fall back to eager
+        own = dict(mode="reduce-overhead" if graphs else None, isolate_recompiles=True)
+        self.step = torch.compile(lean, dynamic=False, **own)  # Q = 1: its own static graph
+        self.step_many = torch.compile(lean, dynamic=None, **own)  # Q > 1: marked dynamic in ``run``
 
     def new_cache(self) -> "StaticKV":
         return StaticKV(self)

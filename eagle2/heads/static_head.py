@@ -23,28 +23,17 @@ from __future__ import annotations
 import torch
 
 from eagle2.core.clock import device_clock
-from eagle2.core.compiled import SPAN, WARM_CONTEXT, StaticDecoder, StaticKV, use_disk_cache
+from eagle2.core.compiled import SPAN, WARM_CONTEXT, StaticDecoder, StaticKV
 from eagle2.heads.lean_heads import lean_head
 
 
 class StaticHead(StaticDecoder):
     """A head's compiled forward and its static KV buffer. Shares the target decoder's buffer handling
-    (``reserve``, ``capacity``); its own inputs add the features."""
+    (``_setup``, ``reserve``, ``capacity``); its own inputs add the features."""
 
     def __init__(self, head, compile: bool = True):  # not StaticDecoder's: there is no target to read
-        self.model, self.lean = head, lean_head(head)
         param = next(head.parameters())
-        self.dtype, self.device = param.dtype, param.device
-        self.compiled, self.graphs = compile, False
-        self.keys: list[torch.Tensor] = []  # per layer (1, KVH, capacity, D)
-        self.values: list[torch.Tensor] = []
-        self.compile_s = 0.0
-        if compile:
-            use_disk_cache()
-            self.step = torch.compile(self.lean, dynamic=False, isolate_recompiles=True)  # Q = 1: its own static graph
-            self.step_many = torch.compile(self.lean, dynamic=None, isolate_recompiles=True)  # Q > 1: see ``run``
-        else:
-            self.step = self.step_many = self.lean
+        self._setup(head, lean_head(head), param.dtype, param.device, compile, graphs=False)
 
     def new_cache(self) -> "StaticHeadKV":
         return StaticHeadKV(self)
