@@ -50,12 +50,21 @@ def fixed(tensor: torch.Tensor | None) -> nn.Parameter | None:
 class LeanLinear(nn.Module):
     """``F.linear`` with a fixed weight (out, in) and bias, through the packed oneDNN op when ``pack``."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False,
+                 shared: int | None = None):
         super().__init__()
         self.weight, self.bias = fixed(weight), fixed(bias)
-        self.index = packed_op.register(self.weight) if pack else None
-        if pack:
+        self.index = None
+        if pack and shared is not None:  # the eager PackedLinear's packed weight (its owner releases it)
+            self.index = shared
+        elif pack:
+            self.index = packed_op.register(self.weight)
             weakref.finalize(self, packed_op.release, [self.index])
+
+    @classmethod
+    def of(cls, linear: nn.Module, pack: bool) -> "LeanLinear":
+        """``linear`` as stored, sharing its packed weight when it is a ``PackedLinear``."""
+        return cls(linear.weight, linear.bias, pack, getattr(linear, "index", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_op.linear(x, self.weight, self.bias, self.index)
@@ -82,9 +91,9 @@ class LeanLayer(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = fused((attn.q_proj, attn.k_proj, attn.v_proj), pack)
         self.qkv_sizes = (attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0])
-        self.o = LeanLinear(attn.o_proj.weight, attn.o_proj.bias, pack)
+        self.o = LeanLinear.of(attn.o_proj, pack)
         self.gate_up = fused((mlp.gate_proj, mlp.up_proj), pack)
-        self.down = LeanLinear(mlp.down_proj.weight, mlp.down_proj.bias, pack)
+        self.down = LeanLinear.of(mlp.down_proj, pack)
         self.ln_attn = fixed(getattr(layer.input_layernorm, "weight", None))
         self.ln_mlp = fixed(layer.post_attention_layernorm.weight)
 
