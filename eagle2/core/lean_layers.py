@@ -108,6 +108,7 @@ class LeanStack(nn.Module):
         self.eps = config.rms_norm_eps
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.pack = pack  # the run's linears are packed: so are this stack's (and its owner's extra linears)
         self.layers = nn.ModuleList(LeanLayer(layer, pack) for layer in layers)
         self.short_queries = torch.device(device).type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 

@@ -32,7 +32,7 @@ class LeanEagleHead(LeanStack):
     def __init__(self, head):
         super().__init__(*_stack_args(head, head.layers))
         self.embed = fixed(head.embed_tokens.weight)
-        self.fc = LeanLinear.of(head.fc, wants_packed(head))
+        self.fc = LeanLinear.of(head.fc, self.pack)
         self.feature_widths = (head.config.hidden_size,)  # the target's last hidden states
 
     def forward(self, ids, features, positions, mask, slots, keys, values):
@@ -53,7 +53,7 @@ class LeanEagle3Head(LeanStack):
         mid = head.midlayer
         super().__init__(*_stack_args(head, [mid]))
         self.embed = fixed(head.embed_tokens.weight)
-        self.fc = LeanLinear.of(head.fc, wants_packed(head))
+        self.fc = LeanLinear.of(head.fc, self.pack)
         self.hidden_norm = fixed(mid.hidden_norm.weight)
         self.width = head.config.hidden_size
         self.feature_widths = (head.fc.weight.shape[1], self.width)  # fused target features; its own outputs
