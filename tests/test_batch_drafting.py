@@ -10,8 +10,10 @@ and M >= 4), so the root's LM-head call over R rows differs from one over one ro
 padded with masked columns (rows of the batch hold different committed lengths) differs in the last bit from
 SDPA over its keys alone. Either would need the per-row path padded the same way, or attention forked per row.
 
-Negative control (by hand, once): ``TreeHeads.expand`` fed each row its neighbour's parent features
-(``parent_features.roll(1, dims=0)``): ``test_batched_trees_equal_per_row_trees`` failed for every method.
+Negative controls (by hand, once): ``TreeHeads.expand`` fed each row its neighbour's parent features
+(``parent_features.roll(1, dims=0)``): ``test_batched_trees_equal_per_row_trees`` failed for every method; the
+shared catch-up writing each row's new head entries into its neighbour's cache (``TreeHeads._write_back``): it
+failed for every method.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 import eagle2.core.batch_engine as batch_engine
 import eagle2.core.engine as engine
+import eagle2.drafters.head_group as head_group
 from tests.test_batch import METHODS, PROMPTS, N, drafter, single_decode
 from tests.test_batch import weights as weights  # noqa: F401 (a fixture)
 
@@ -99,8 +102,9 @@ def _batched(target, method, weights, batch_size):  # noqa: F811
 
 
 def test_one_head_forward_per_depth_for_every_row(tiny, weights):  # noqa: F811
-    """EAGLE-2 at depth 4 over 3 rows: a round runs the head 3 times over (3, 4) nodes, not 9 times over one row
-    (the catch-ups stay one per row: each row feeds its own accepted tokens into its own cache)."""
+    """EAGLE-2 at depth 4 over 3 rows: a round runs the head 4 times over all rows, one catch-up over their
+    pending pairs (at most ``BACKLOG`` each) and 3 depths over (3, 4) nodes, not 12 times over one row each. The
+    calls over one row are the fresh prompts' backlogs (fed alone) and the rounds with one live row."""
     target, head = tiny[0], weights["head"]
     shapes = []
     hook = head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape[:2])))
@@ -108,9 +112,12 @@ def test_one_head_forward_per_depth_for_every_row(tiny, weights):  # noqa: F811
         _batched(target, METHODS["eagle2"], weights, 3)
     finally:
         hook.remove()
-    tree_calls = [s for s in shapes if s[0] > 1]  # (rows, nodes) of the calls over several rows
-    assert (3, 4) in tree_calls and all(s[1] == 4 for s in tree_calls)  # all live rows at once, top_k nodes each
-    assert len(tree_calls) % (METHODS["eagle2"]["depth"] - 1) == 0  # every depth of a round in one call
+    depth = METHODS["eagle2"]["depth"]
+    shared = [s for s in shapes if s[0] > 1]  # (rows, positions) of the calls over several rows
+    assert shared and len(shared) % depth == 0  # every round over several rows: a catch-up, then depth - 1 depths
+    rounds = [shared[i: i + depth] for i in range(0, len(shared), depth)]
+    assert all(r[0][1] <= head_group.BACKLOG and all(s[1] == 4 for s in r[1:]) for r in rounds), rounds[:3]
+    assert (3, 4) in shared  # all live rows at once, top_k nodes each
 
 
 def test_rows_that_cannot_batch_draft_alone(tiny, weights):  # noqa: F811

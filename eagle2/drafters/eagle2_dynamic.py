@@ -28,7 +28,7 @@ import torch
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
-from eagle2.drafters.head_group import TreeHeads, catch_up_rows
+from eagle2.drafters.head_group import TreeHeads
 from eagle2.drafters.lookup import find_chains
 
 ChainSource = Callable[[list[int]], list[list[int]]]  # the tokens so far -> continuations, best first
@@ -64,15 +64,13 @@ class Eagle2Drafter(HeadRunner):
         """Every row's tree (drafters of equal ``batch_key``): depth by depth, one head forward and one LM-head
         call for all rows (``eagle2.drafters.head_group``); each row's tree is the one it drafts alone."""
         budgets = [min(d.total_tokens, room - 1) for d, room in zip(drafters, rooms)]
-        root_logp, root_feature = catch_up_rows(drafters)  # (R, V), (R, H)
+        heads = TreeHeads(drafters)
+        root_logp, root_feature = heads.catch_up()  # (R, V), (R, H)
         trees = [DraftTree.root_only(root) for root in roots]
-        live = [i for i, b in enumerate(budgets) if b >= 1]
+        live = [i for i, b in enumerate(budgets) if b >= 1]  # a row with no room left: its root alone
         if not live:
             return trees
-        if len(live) < len(drafters):
-            root_logp, root_feature = root_logp[live], root_feature[live]
-        lead, heads = drafters[live[0]], TreeHeads([drafters[i] for i in live])
-        k, rows = lead.top_k, len(live)
+        lead, k, rows = drafters[0], drafters[0].top_k, len(drafters)
         top_tokens, top_conf = lead.top(root_logp, k)  # (R, k)
         # every drafted node's columns, one entry per layer, a row per tree; drafted index = position in the
         # concatenation. Tokens, scores, parents and the picks stay on the device (no host sync per depth: the
@@ -103,8 +101,8 @@ class Eagle2Drafter(HeadRunner):
         columns = to_host(*(torch.cat(c, dim=1).reshape(-1) for c in (tokens, log_conf, log_value, parents)))
         columns = [c.reshape(rows, -1) for c in columns]
         ranks, depth = torch.tensor(ranks), torch.tensor(depth)
-        for j, i in enumerate(live):
-            trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[j] for c in columns), ranks, depth)
+        for i in live:
+            trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[i] for c in columns), ranks, depth)
         return trees
 
     def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth) -> DraftTree:

@@ -132,20 +132,38 @@ class HeadRunner:
 
     def catch_up_feature(self) -> torch.Tensor:
         """Feed pending pairs; return the feature predicted at the root (H,), also kept as ``root_feature``."""
-        crop(self.cache, self.committed)
-        tokens = torch.tensor(self.pending_tokens, device=self.device)
-        # features come from the target's last layers (the last GPU when it spans several): onto the head's
-        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats])
-        n = tokens.shape[0]
-        positions = torch.arange(self.committed, self.committed + n, device=self.device)
-        mask = causal_mask(n, self.committed, self.dtype, self.device)
-        out = self._head(tokens, feats, positions, mask)
-        self.committed += n
+        n = len(self.pending_tokens)
+        out = self._feed_pending(n)
+        self.caught_up(0, out[-1])
+        return self.root_feature
+
+    def feed_backlog(self, leave: int) -> None:
+        """Feed all pending pairs but the last ``leave`` (a batched catch-up, ``eagle2.drafters.head_group``,
+        feeds those for several rows at once)."""
+        self._feed_pending(len(self.pending_tokens) - leave)
+
+    def caught_up(self, fed: int, root_feature: torch.Tensor) -> None:
+        """The catch-up is done: ``fed`` pending pairs were written into this head's cache by the caller (none
+        left pending), ``root_feature`` is the head's output at the last; the tree starts empty."""
+        self.committed += fed
         self.pending_tokens, self.pending_feats = [], []
         self.fed = 0  # tree nodes fed to the head since the catch-up
         self.fed_ancestors = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [i, j]: j is i or its ancestor
-        self.root_feature = out[-1]
-        return self.root_feature
+        self.root_feature = root_feature
+
+    def _feed_pending(self, count: int) -> torch.Tensor:
+        """Feed the first ``count`` pending pairs behind the committed entries (tree entries dropped); they are
+        committed, no longer pending. Returns the head's outputs at them (count, H)."""
+        crop(self.cache, self.committed)
+        # features come from the target's last layers (the last GPU when it spans several): onto the head's
+        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats])
+        tokens = torch.tensor(self.pending_tokens[:count], device=self.device)
+        positions = torch.arange(self.committed, self.committed + count, device=self.device)
+        mask = causal_mask(count, self.committed, self.dtype, self.device)
+        out = self._head(tokens, feats[:count], positions, mask)
+        self.committed += count
+        self.pending_tokens, self.pending_feats = self.pending_tokens[count:], [feats[count:]]
+        return out
 
     # -- the draft tree ----------------------------------------------------------------------
     def top(self, log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from eagle2.core.tree import DraftTree, choice_paths
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, path_log_values, to_host, tree_from_drafted
-from eagle2.drafters.head_group import TreeHeads, catch_up_rows
+from eagle2.drafters.head_group import TreeHeads
 
 
 class EagleStaticDrafter(HeadRunner):
@@ -48,9 +48,9 @@ class EagleStaticDrafter(HeadRunner):
         forward feeds the nodes with children (``eagle2.drafters.head_group``); tokens and confidences stay on
         the device until one transfer at the end. Each row's tree is the one it drafts alone."""
         lead, rows = drafters[0], len(drafters)
-        logp, feats = catch_up_rows(drafters)  # the roots' children (R, V); their features (R, H)
-        logp, feats = logp[:, None], feats[:, None]  # (R, parents, ...)
         heads = TreeHeads(drafters)
+        logp, feats = heads.catch_up()  # the roots' children (R, V); their features (R, H)
+        logp, feats = logp[:, None], feats[:, None]  # (R, parents, ...)
         fed_index = {-1: -1}  # node -> its fed index in the head cache (the same in every row)
         tokens, log_conf = [], []
         for d, (nodes, parent_rows, ranks, with_children) in enumerate(lead.layers, start=1):

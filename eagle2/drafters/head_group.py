@@ -1,19 +1,24 @@
-"""Feature-level heads of several rows drafting together: one head forward and one drafting LM-head call per
-depth for all rows of a batch, instead of one per row.
+"""Feature-level heads of several rows drafting together: one head forward for every row's catch-up, then one
+head forward and one drafting LM-head call per depth for all rows, instead of one of each per row.
 
 The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()``
 to their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build
-their trees with a leading row axis over the objects here, and ``propose`` is ``propose_batch`` of one row, so
+their trees with a leading row axis over ``TreeHeads``, and ``propose`` is ``propose_batch`` of one row, so
 the per-row path and the batched one are the same code.
 
-- ``catch_up_rows``: each row's head catches up on its own committed pairs in its own KV cache (the rows
-  accepted different lengths), then ONE drafting LM-head call gives every row's root distribution.
-- ``TreeHeads``: the tree's depths. One row: its own head cache and ``HeadRunner.expand``, as before. Several:
-  the rows' committed head entries are copied into one (R, kv_heads, width, head_dim) cache, row b's at
-  ``0..committed[b]`` and zeros after (``width``: the longest), and each depth is one head forward over every
-  row's nodes: row b's nodes see its own committed entries and their own fed ancestors, at positions
-  ``committed[b] + depth - 1``. The tree entries live in that cache alone and are dropped with it; the rows'
-  own caches never hold them (at one row they are dropped at the next catch-up, as always).
+``TreeHeads`` over one row is the row's own head cache and ``HeadRunner``'s catch-up and ``expand``, as ever.
+Over several:
+- The rows' committed head entries are copied into one (R, kv_heads, width, head_dim) cache, row b's at
+  ``0..committed[b]`` and zeros after (``width``: the longest); ``visible`` (R, columns) marks the columns
+  each row's queries may see.
+- ``catch_up``: ONE head forward over every row's pending (token, feature) pairs, padded to the longest
+  (the last round's accepted tokens plus one; a row with a longer backlog, a fresh prompt, feeds all but
+  its last pair alone first), written at columns ``width..``: row b's pair j sees its own prefix and its
+  own pairs up to j, at position ``committed[b] + j``. Each row's new entries are copied into its own cache
+  (its next round starts there), and ONE drafting LM-head call gives every row's root distribution.
+- ``expand``: each depth is one head forward over every row's nodes: row b's nodes see its visible columns
+  and their own fed ancestors, at positions ``committed[b] + depth - 1``. The tree entries live in the
+  stacked cache alone and are dropped with it; the rows' own caches never hold them.
 
 A shared forward is timed in every row's ``spans`` (each row's draft forward time is the shared call's, as
 each row's verify time is the shared verify's).
@@ -39,18 +44,7 @@ def shared_span(runners):
         yield
 
 
-def catch_up_rows(runners) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row's head catches up (its own cache); returns (log-probs of the roots' children (R, V), the
-    features predicted at the roots (R, H)), the LM head run once for all rows."""
-    if len(runners) == 1:  # the row alone: ``HeadRunner.catch_up``, as ever
-        logp = runners[0].catch_up()
-        return logp[None], runners[0].root_feature[None]
-    if getattr(runners[0].head, "static_decoder", None) is not None:  # its one buffer holds one row
-        raise CompileUnsupportedError("a compiled draft head drafts one row at a time: batched drafting "
-                                      "needs engine.compile=false")
-    feats = torch.stack([r.catch_up_feature() for r in runners])  # (R, H)
-    with shared_span(runners):
-        return runners[0].log_probs_unspanned(feats), feats
+BACKLOG = 4  # pending pairs a row feeds in the shared catch-up; a longer backlog is fed alone first
 
 
 class TreeHeads:
@@ -60,13 +54,66 @@ class TreeHeads:
         self.runners, self.lead = list(runners), runners[0]
         if len(self.runners) == 1:
             return
+        if getattr(self.lead.head, "static_decoder", None) is not None:  # its one buffer holds one row
+            raise CompileUnsupportedError("a compiled draft head drafts one row at a time: batched drafting "
+                                          "needs engine.compile=false")
+        for r in self.runners:  # a fresh prompt: all its pairs but the last fed in the row's own cache
+            if len(r.pending_tokens) > BACKLOG:
+                r.feed_backlog(leave=1)
         lead, device = self.lead, self.lead.device
-        self.committed = torch.tensor([r.committed for r in self.runners], device=device)  # (R,)
-        self.width = max(r.committed for r in self.runners)
-        self.cache = stacked_cache(lead.head, [r.cache for r in self.runners], [r.committed for r in self.runners],
-                                   self.width, reserve)
+        committed = [r.committed for r in self.runners]
+        self.pending = torch.tensor([len(r.pending_tokens) for r in self.runners], device=device)  # (R,)
+        self.width = max(committed)
+        self.cache = stacked_cache(lead.head, [r.cache for r in self.runners], committed, self.width,
+                                   reserve + int(self.pending.max()))
+        self.committed = torch.tensor(committed, device=device)  # (R,) head positions before the pending pairs
+        self.visible = torch.arange(self.width, device=device) < self.committed[:, None]  # (R, width)
         self._fed = 0
         self.fed_ancestors = torch.zeros(len(self.runners), 0, 0, dtype=torch.bool, device=device)  # (R, f, f)
+
+    def catch_up(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row feeds its pending pairs; returns (log-probs of the roots' children (R, V), the features
+        predicted at the roots (R, H)): one head forward and one LM-head call for all rows."""
+        if len(self.runners) == 1:  # the row alone: ``HeadRunner.catch_up``, as ever
+            logp = self.lead.catch_up()
+            return logp[None], self.lead.root_feature[None]
+        lead, device, rows = self.lead, self.lead.device, len(self.runners)
+        span = int(self.pending.max())
+        tokens = torch.zeros(rows, span, dtype=torch.long, device=device)
+        feats = [torch.cat([f.to(device, lead.dtype) for f in r.pending_feats]) for r in self.runners]
+        padded = feats[0].new_zeros((rows, span, feats[0].shape[-1]))
+        for b, (r, f) in enumerate(zip(self.runners, feats)):
+            tokens[b, : f.shape[0]] = torch.tensor(r.pending_tokens, device=device)
+            padded[b, : f.shape[0]] = f
+        j = torch.arange(span, device=device)
+        real = j < self.pending[:, None]  # (R, span): a row's own pairs; the rest is padding
+        own = (j[:, None] >= j[None, :])[None] & real[:, None, :]  # pair i sees its row's pairs up to i
+        own |= torch.eye(span, dtype=torch.bool, device=device)  # a padding query sees itself (never an empty row)
+        allowed = torch.cat([self.visible[:, None].expand(rows, span, self.width), own], dim=2)
+        mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, span, width + span)
+        with shared_span(self.runners):
+            out = lead.head(tokens, padded, position_ids=self.committed[:, None] + j, attention_mask=mask,
+                            cache=self.cache)  # (R, span, H)
+            roots = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
+            logp = lead.log_probs_unspanned(roots)
+        self._write_back(span, roots)
+        self.visible = torch.cat([self.visible, real], dim=1)  # (R, width + span)
+        self.width += span
+        self.committed = self.committed + self.pending
+        return logp, roots
+
+    def _write_back(self, span: int, roots: torch.Tensor) -> None:
+        """Each row's new entries into its own cache, behind its committed ones: the row has caught up."""
+        for i, layer in enumerate(self.cache.layers):
+            keys = layer.keys[:, :, self.width: self.width + span]
+            values = layer.values[:, :, self.width: self.width + span]
+            for b, r in enumerate(self.runners):
+                n, own = len(r.pending_tokens), r.cache.layers[i]
+                if not own.is_initialized:  # a row whose head never ran before
+                    own.lazy_initialization(keys[b: b + 1], values[b: b + 1])
+                own.place(r.committed, keys[b: b + 1, :, :n], values[b: b + 1, :, :n])
+        for r, root in zip(self.runners, roots):
+            r.caught_up(len(r.pending_tokens), root)
 
     @property
     def fed(self) -> int:
@@ -94,8 +141,7 @@ class TreeHeads:
         new = torch.cat([inherited, torch.eye(n, dtype=torch.bool, device=device).expand(rows, n, n)], dim=2)
         widened = torch.cat([self.fed_ancestors, torch.zeros(rows, first, n, dtype=torch.bool, device=device)], dim=2)
         self.fed_ancestors, self._fed = torch.cat([widened, new], dim=1), first + n  # (R, f + n, f + n)
-        prefix = torch.arange(self.width, device=device) < self.committed[:, None]  # (R, width): its own entries
-        allowed = torch.cat([prefix[:, None].expand(rows, n, self.width), new], dim=2)  # (R, n, width + f + n)
+        allowed = torch.cat([self.visible[:, None].expand(rows, n, self.width), new], dim=2)  # (R, n, width + f + n)
         mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, n, K)
         positions = (self.committed + depth - 1)[:, None].expand(rows, n)
         with shared_span(self.runners):
@@ -106,17 +152,20 @@ class TreeHeads:
 
 
 def stacked_cache(head, caches, lengths: list[int], width: int, reserve: int):
-    """A head cache of R rows: row b holds the first ``lengths[b]`` entries of ``caches[b]`` (one row each),
-    zeros up to ``width`` (finite: masked out, never NaN), room for ``reserve`` more positions."""
+    """A head cache of R rows: row b holds the first ``lengths[b]`` entries of ``caches[b]`` (one row each; a
+    row's cache may be empty, never written), zeros up to ``width`` (finite: masked out, never NaN), room for
+    ``reserve`` more positions."""
+    config, param = head.config, next(head.parameters())
+    kv_heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     out = new_cache(head)
     for i, layer in enumerate(out.layers):
-        src = [c.layers[i] for c in caches]
-        k0, v0 = src[0].keys, src[0].values  # (1, kv_heads, length, head_dim)
-        keys = k0.new_zeros((len(src), k0.shape[1], width, k0.shape[3]))  # (R, kv_heads, width, head_dim)
-        values = v0.new_zeros((len(src), v0.shape[1], width, v0.shape[3]))
-        for b, (s, n) in enumerate(zip(src, lengths)):
-            keys[b, :, :n] = s.keys[0, :, :n]
-            values[b, :, :n] = s.values[0, :, :n]
+        keys = param.new_zeros((len(caches), kv_heads, width, head_dim))  # (R, kv_heads, width, head_dim)
+        values = torch.zeros_like(keys)
+        for b, (cache, n) in enumerate(zip(caches, lengths)):
+            if n:
+                keys[b, :, :n] = cache.layers[i].keys[0, :, :n]
+                values[b, :, :n] = cache.layers[i].values[0, :, :n]
         layer.lazy_initialization(keys, values)
         layer.reserve(width + reserve)
         layer.place(0, keys, values)
