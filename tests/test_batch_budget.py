@@ -1,6 +1,7 @@
 """The cost-model budget at batch size B (``method.total_tokens=auto`` under batched decoding): the profile
-holds ``T_B(q)``, one forward over B rows of q tree tokens, a round costs ``B * T_draft + T_B(m + 1)``, and
-a drafter built for a batch of B reads the B-row profile (the batched runner asks for it)."""
+holds ``T_B(q)``, one forward over B rows of q tree tokens, a round costs ``B / draft_rows * T_draft + T_B(m + 1)``
+(``draft_rows``: the rows one profiled drafting round covers, B when they draft together), and a drafter built
+for a batch of B reads the B-row profile (the batched runner asks for it)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,19 @@ def test_batched_round_cost_counts_every_rows_draft():
     assert seconds == pytest.approx(4 * 0.5 + 3.0) and expected == pytest.approx(2.5)
 
 
+def test_rows_drafting_together_pay_one_draft():
+    values = torch.tensor([0.9, 0.6, 0.5, 0.4])
+    together = budget.CostProfile([1.0, 2.0, 3.0, 4.0, 5.0], [2.0] * 3, 16, {}, rows=4, draft_rows=4)
+    alone = budget.CostProfile([1.0, 2.0, 3.0, 4.0, 5.0], [0.5] * 3, 16, {}, rows=4)
+    assert budget.best_budget(values, together, 3) == budget.best_budget(values, alone, 3)  # 4 x 0.5 == 2.0
+    cheap = budget.CostProfile([1.0, 2.0, 3.0, 4.0, 5.0], [0.5] * 3, 16, {}, rows=4, draft_rows=4)
+    m, _, seconds = budget.best_budget(values, cheap, 3)
+    assert seconds == pytest.approx(0.5 + m + 1)
+
+
 def test_old_profile_files_read_as_batch_one():
     prof = budget.CostProfile(**{"verify_s": [1.0], "draft_s": [0.1], "context": 8, "meta": {}})
-    assert prof.rows == 1
+    assert prof.rows == 1 and prof.draft_rows == 1
 
 
 def test_batched_verify_profile_is_its_own_measurement(tiny, tmp_path):
@@ -93,11 +104,30 @@ def test_batched_runner_asks_for_the_batch_profile(tmp_path, monkeypatch, smollm
 
     asked = []
 
-    def fake_profile(*args, rows=1, **kwargs):
-        asked.append(rows)
-        return budget.CostProfile([0.01 * q for q in range(1, 40)], [0.01] * 8, 256, {}, rows=rows)
+    def fake_profile(*args, rows=1, draft_rows=1, **kwargs):
+        asked.append((rows, draft_rows))
+        return budget.CostProfile([0.01 * q for q in range(1, 40)], [0.01] * 8, 256, {}, rows=rows,
+                                  draft_rows=draft_rows)
 
     monkeypatch.setattr(cp, "get_profile", fake_profile)
-    run(config("method=eagle2", "method.total_tokens=auto", "dataset=mt_bench", "dataset.limit=2",
-               "max_new_tokens=4", "batch_size=2", "model.dtype=float32", f"paths.results={tmp_path}"))
-    assert asked and set(asked) == {2}
+    for drafting, want in (("true", (2, 2)), ("false", (2, 1))):
+        asked.clear()
+        run(config("method=eagle2", "method.total_tokens=auto", "dataset=mt_bench", "dataset.limit=2",
+                   "max_new_tokens=4", "batch_size=2", f"batch_drafting={drafting}", "model.dtype=float32",
+                   f"paths.results={tmp_path / drafting}"))
+        assert asked and set(asked) == {want}
+
+
+def test_batched_draft_profile_times_the_rows_together(tiny, monkeypatch):
+    """``draft_rows`` > 1: one drafting round of the profile is one ``propose_batch`` over that many rows."""
+    target, head = tiny
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    calls = []
+    real = Eagle2Drafter.propose_batch.__func__
+    monkeypatch.setattr(Eagle2Drafter, "propose_batch",
+                        classmethod(lambda cls, drafters, *a: calls.append(len(drafters)) or real(cls, drafters, *a)))
+    method = OmegaConf.create({"name": "eagle2", "depth": 2, "top_k": 2, "total_tokens": 1})
+    make = lambda d: build_drafter(OmegaConf.merge(method, {"depth": d}), target, SamplingParams(), None, head=head)  # noqa: E731
+    times = cp.measure_draft(target, head, make, depth=2, context=8, reps=1, rows=3)
+    assert len(times) == 2 and all(t > 0 for t in times) and set(calls) == {3}

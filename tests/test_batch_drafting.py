@@ -129,3 +129,42 @@ def test_rows_that_cannot_batch_draft_alone(tiny, weights):  # noqa: F811
     groups = engine.drafting_groups(seqs, batched=True)
     assert sorted(map(sorted, groups)) == [[0, 1, 6], [2], [3], [4], [5]]  # eagle2_auto: depth 3, not 4
     assert len(engine.drafting_groups(seqs, batched=False)) == 7
+
+
+def test_rows_drafting_together_share_the_best_budget(tiny, weights, monkeypatch):  # noqa: F811
+    """An auto budget over rows verified together (a steep ``T_B(q)``: padding a row costs what its own nodes
+    would): every round's trees have the one size whose joint rate, sum over rows of (1 + its best m values) /
+    (T_draft + T_B(m + 1)), is the highest, recomputed here from each tree's drafted values. Control: the same
+    rows drafting alone choose different sizes in some round (what the shared budget removes)."""
+    import eagle2.drafters.budget as budget
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    steep = budget.CostProfile([1.0 + 0.1 * q for q in range(12)], [0.2] * 3, 16, {}, rows=3, draft_rows=3)
+    real_init, real_propose = Eagle2Drafter.__init__, engine.propose_rows
+
+    def planted(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.profile = steep
+
+    rounds = []
+
+    def recording(seqs, verifier, clock, batched=False):
+        made, marks = real_propose(seqs, verifier, clock, batched)
+        rounds[-1].append(list(made.values()))
+        return made, marks
+
+    monkeypatch.setattr(Eagle2Drafter, "__init__", planted)
+    monkeypatch.setattr(engine, "propose_rows", recording)
+    method, cap = METHODS["eagle2_auto"], METHODS["eagle2_auto"]["max_total_tokens"]
+    for together in (True, False):
+        rounds.append([])
+        queue = deque(batch_engine.BatchRequest(p, drafter(tiny[0], method, weights), N, key=i)
+                      for i, p in enumerate(PROMPTS))
+        batch_engine.BatchEngine(tiny[0], GREEDY, set(), 3, batch_drafting=together).run(queue, lambda r: None)
+    shared, alone = ([ts for ts in run if len(ts) > 1] for run in rounds)
+    assert shared and alone
+    for ts in shared:
+        values = [sorted(t.records["value"], reverse=True)[:cap] for t in ts]
+        rate = [sum(1 + sum(v[:m]) for v in values) / (0.2 + steep.verify(m + 1)) for m in range(1, cap + 1)]
+        assert {len(t) for t in ts} == {2 + rate.index(max(rate))}
+    assert any(len({len(t) for t in ts}) > 1 for ts in alone), [[len(t) for t in ts] for ts in alone]  # alone: sizes differ

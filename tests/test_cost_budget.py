@@ -61,6 +61,16 @@ def test_one_timing_taken_under_load_does_not_flatten_the_verify_curve():
     assert curve[1] < 0.2 and curve[-1] / curve[2] > 2  # neither the spike nor a flat plateau
 
 
+def test_a_rising_curve_keeps_its_ends_and_loses_an_end_spike():
+    """A window clipped at q=1 raised T(1) to about T(2) on a steep (batched) curve: a measured 8-row profile
+    went 29.0 -> 34.3 ms, and every node looked cheaper than it is."""
+    raw = [0.029 + 0.005 * q for q in range(25)]
+    assert cp.verify_curve(raw) == pytest.approx(raw)
+    spiked = [1.0] + raw[1:-1] + [9.0]  # a spike at each end
+    curve = cp.verify_curve(spiked)
+    assert curve[0] <= raw[2] and curve[-1] < raw[-1] * 1.05  # gone: the ends among their neighbours
+
+
 def test_verify_cost_extrapolates_past_the_measured_range():
     prof = profile([1.0, 2.0, 4.0])
     assert prof.verify(3) == 4.0 and prof.verify(5) == 8.0

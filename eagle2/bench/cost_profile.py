@@ -95,9 +95,10 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
 
 
 @torch.no_grad()
-def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps: int) -> list[float]:
+def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps: int, rows: int = 1) -> list[float]:
     """Median seconds of one drafting round at depths 1..``depth``; ``make_drafter(d)`` builds the
-    drafter (the EAGLE-2 drafter of ``head`` at depth ``d``)."""
+    drafter (the EAGLE-2 drafter of ``head`` at depth ``d``). ``rows`` > 1: ``rows`` drafters drafting
+    together, one ``propose_batch`` (``eagle2.drafters.head_group``), as batched decoding's rounds do."""
     device = target.device
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
@@ -107,18 +108,24 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
         hidden = (tap.read() if layers else hidden)[0]
     out = []
     for d in range(1, depth + 1):
-        drafter = make_drafter(d)
-        drafter.start(prompt, prompt[-1], hidden)
+        drafters = [make_drafter(d) for _ in range(rows)]
+        for drafter in drafters:
+            drafter.start(prompt, prompt[-1], hidden)
 
-        def round_(drafter=drafter):
-            drafter.propose(prompt[-1], room=1 << 30)
-            drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
+        def round_(drafters=drafters):
+            if rows == 1:
+                drafters[0].propose(prompt[-1], room=1 << 30)
+            else:
+                type(drafters[0]).propose_batch(drafters, [prompt[-1]] * rows, [1 << 30] * rows)
+            for drafter in drafters:
+                drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
 
         out.append(_median_time(round_, reps, device))
     return out
 
 
-def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int, rows: int = 1) -> str:
+def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int, rows: int = 1,
+                draft_rows: int = 1) -> str:
     vocab, kernels = drafting.get("vocab"), kernels_in_use(target)
     head_facts = head.config.to_dict() if head is not None else {"drafter": drafting.get("method")}  # head-less: REST
     facts = {"target": target.config.to_dict(), "head": head_facts, "depth": depth, "top_k": top_k,
@@ -126,8 +133,9 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
              "device": str(target.device), "dtype": str(target.dtype), "threads": torch.get_num_threads(),
              **({} if kernels == "stock" else {"kernels": kernels}),
              "context": context, "max_q": max_q, "torch": torch.__version__,
-             "curve": "despiked",  # profiles cached before ``despike`` may hold a load-flattened curve
-             **({"rows": rows} if rows > 1 else {})}  # batch 1 keeps every existing key
+             "curve": "despiked-centred",  # older profiles: a load-flattened curve, or T(1) raised to ~T(2)
+             **({"rows": rows} if rows > 1 else {}),  # batch 1 keeps every existing key
+             **({"draft_rows": draft_rows} if draft_rows > 1 else {})}
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
         facts["target"].pop(noisy, None)
         facts["head"].pop(noisy, None)
@@ -149,11 +157,11 @@ def read_profile(path: Path) -> CostProfile | None:
 
 def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k: int,
                 profile_dir: str | Path | None = None, remeasure: bool = False, context: int = 256, max_q: int = 64,
-                reps: int = 5, rows: int = 1) -> CostProfile:
+                reps: int = 5, rows: int = 1, draft_rows: int = 1) -> CostProfile:
     """The cached profile for this target/head/settings on this machine, measured if absent;
     ``make_drafter(d)`` builds the drafter whose rounds are timed (see ``measure_draft``); ``rows``: the
-    batch size whose verify cost ``T_B(q)`` it holds."""
-    key = profile_key(target, head, drafting, depth, top_k, context, max_q, rows)
+    batch size whose verify cost ``T_B(q)`` it holds; ``draft_rows``: the rows that draft together."""
+    key = profile_key(target, head, drafting, depth, top_k, context, max_q, rows, draft_rows)
     path = Path(profile_dir or DEFAULT_DIR) / f"{key}.json"
     if key in _loaded:  # reprofile means once per process, not once per drafter
         return _loaded[key]
@@ -170,11 +178,12 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
 
         def measure() -> CostProfile:
             raw = measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows)
-            draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps)
+            draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps,
+                                  rows=draft_rows)
             return CostProfile(verify_curve(raw), draft, context, {
                 "key": key, "device": str(target.device), "dtype": str(target.dtype),
                 "threads": torch.get_num_threads(), "verify_raw_s": raw, "probe_t1_s": probe[0], "noise": probe[1]},
-                rows)
+                rows, draft_rows)
 
         profile, problems = measured_until_sound(measure)
         if problems:
@@ -205,7 +214,8 @@ def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:
     ``build_at(cfg)`` builds the method's drafter for a config; the profile times its rounds at depths
     1..``depth`` with one node kept (no budget, no lookup branch; a drafter without a head, REST, at one
     depth: its rounds are lookups). ``verify_rows`` (set by the batched runner): the batch size whose verify
-    cost ``T_B(q)`` it holds."""
+    cost ``T_B(q)`` it holds; ``draft_rows`` (set with it when the rows draft together): the rows one drafting
+    round of the profile covers."""
     from omegaconf import OmegaConf
 
     base, key = OmegaConf.to_container(method_cfg, resolve=True), auto_budget_key(method_cfg)
@@ -220,4 +230,5 @@ def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:
                        top_k=int(method_cfg.top_k) if has_head else 0, profile_dir=method_cfg.get("profile_dir"),
                        remeasure=bool(method_cfg.get("reprofile", False)),
                        max_q=int(method_cfg.get(BUDGET_KEYS[key]) or 64) + 1,
-                       rows=int(method_cfg.get("verify_rows") or 1))
+                       rows=int(method_cfg.get("verify_rows") or 1),
+                       draft_rows=int(method_cfg.get("draft_rows") or 1) if has_head else 1)

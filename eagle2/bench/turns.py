@@ -38,6 +38,8 @@ def decode_turns(cfg, *, chash: str, store, questions: list[dict], target, token
     if batch_size > 1:
         method = OmegaConf.create(OmegaConf.to_container(cfg.method, resolve=True))
         method.verify_rows = batch_size  # an auto budget prices a round at this batch size (T_B(q))
+        if cfg.get("batch_drafting", True):
+            method.draft_rows = batch_size  # ... drafting every row's tree together (eagle2.drafters.head_group)
     bar = tqdm(total=sum(len(q["turns"]) for q in questions), desc=f"{cfg.method.name} turns")
 
     def failed(q, turn: int, exc: BaseException) -> None:

@@ -8,9 +8,15 @@ per second
 
 where ``1 + sum V`` estimates the tokens a round yields (the bonus token plus each node's chance of
 being accepted, when V is calibrated). A profile of batched decoding (``rows`` = B > 1) measures
-``T_verify`` as one forward over B rows of q tree tokens each, ``T_B(q)``, and a round drafts every row's
-tree one after another, so the round costs ``B * T_draft + T_B(m + 1)``. The choice depends only on the
-profile and the draft, never on live timings, so a seeded run is reproducible.
+``T_verify`` as one forward over B rows of q tree tokens each, ``T_B(q)``, and ``T_draft`` as the drafting
+of ``draft_rows`` rows: all B when the rows draft together (``eagle2.drafters.head_group``: one head forward
+per step for every row), else one row, and the B rows draft one after another. A round costs
+``B / draft_rows * T_draft + T_B(m + 1)``. The choice depends only on the profile and the draft, never on
+live timings, so a seeded run is reproducible.
+
+Rows that draft together (batched decoding) share one budget (``best_shared_budget``): their trees are verified
+in one forward, padded to the largest, so a row's budget below the others' saves nothing; the shared ``m``
+maximises the rows' expected tokens together per second of the round.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class CostProfile:
     context: int
     meta: dict
     rows: int = 1  # requests verified together (the batch size the profile was measured at)
+    draft_rows: int = 1  # rows whose drafting one ``draft_s`` entry times (``rows`` when they draft together)
 
     def verify(self, q: int) -> float:
         """T_verify(q); beyond the measured range, extrapolated linearly from the last two points."""
@@ -43,7 +50,20 @@ def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple
     """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
     Returns (m, expected tokens of the round, predicted seconds of the round)."""
     expected = 1.0 + torch.cumsum(values.double(), 0)
-    draft = profile.rows * profile.draft(depth)  # every row of the batch drafts its own tree
+    draft = profile.rows / profile.draft_rows * profile.draft(depth)  # every row of the batch drafts its tree
     seconds = torch.tensor([draft + profile.verify(m + 1) for m in range(1, len(values) + 1)], dtype=torch.float64)
     m = int(torch.argmax(expected / seconds)) + 1
     return m, float(expected[m - 1]), float(seconds[m - 1])
+
+
+def best_shared_budget(values: list[torch.Tensor], profile: CostProfile, depth: int) -> tuple[int, list[float], float]:
+    """For rows verified together (each row's path values sorted best-first; a row may hold fewer), the one
+    ``m >= 1`` maximising (sum over rows of 1 + V_1 + ... + V_min(m, n_b)) / (T_draft + T_B(m + 1)).
+    Returns (m, each row's expected tokens, predicted seconds of the round)."""
+    top = max(len(v) for v in values)
+    expected = torch.stack([1.0 + torch.cumsum(torch.nn.functional.pad(v.double(), (0, top - len(v))), 0)
+                            for v in values])  # (R, top): a row's nodes beyond its own count add nothing
+    draft = profile.rows / profile.draft_rows * profile.draft(depth)
+    seconds = torch.tensor([draft + profile.verify(m + 1) for m in range(1, top + 1)], dtype=torch.float64)
+    m = int(torch.argmax(expected.sum(0) / seconds)) + 1
+    return m, expected[:, m - 1].tolist(), float(seconds[m - 1])

@@ -6,9 +6,10 @@ incrementally as a sum of log-probabilities) are expanded with their ``top_k`` m
 Then every drafted node is reranked by V (ties: shallower first) and the best ``total_tokens`` are
 kept; since V never grows along a path the kept nodes form a connected tree. With a cost ``profile``
 (``total_tokens=auto``) the number kept is chosen per round by ``eagle2.drafters.budget.best_budget``: the
-count that maximises expected tokens per second, at most ``max_total_tokens``. The profile is data the
-harness measured and hands over (``weights["cost_profile"]``, ``eagle2.bench.cost_profile``): this drafter
-never times a target forward. For batched decoding it is the profile of B rows verified together, ``T_B(q)``.
+count that maximises expected tokens per second, at most ``max_total_tokens``; rows drafting together in a
+batch share one count (``best_shared_budget``: their trees are verified padded to the largest). The profile
+is data the harness measured and hands over (``weights["cost_profile"]``, ``eagle2.bench.cost_profile``): this
+drafter never times a target forward. For batched decoding it is the profile of B rows verified together, ``T_B(q)``.
 
 Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
 what followed the last n tokens earlier in the prompt or output; or another chain source, as SAMD's,
@@ -26,7 +27,7 @@ from functools import partial
 import torch
 
 from eagle2.core.tree import DraftTree
-from eagle2.drafters.budget import CostProfile, best_budget
+from eagle2.drafters.budget import CostProfile, best_budget, best_shared_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
 from eagle2.drafters.head_group import TreeHeads
 from eagle2.drafters.lookup import find_chains
@@ -101,17 +102,34 @@ class Eagle2Drafter(HeadRunner):
         columns = to_host(*(torch.cat(c, dim=1).reshape(-1) for c in (tokens, log_conf, log_value, parents)))
         columns = [c.reshape(rows, -1) for c in columns]
         ranks, depth = torch.tensor(ranks), torch.tensor(depth)
-        for i in live:
-            trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[i] for c in columns), ranks, depth)
+        shared = cls.shared_budget([drafters[i] for i in live], [columns[2][i] for i in live],
+                                   [budgets[i] for i in live], depth)
+        for j, i in enumerate(live):
+            trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[i] for c in columns), ranks, depth,
+                                        shared=None if shared is None else (shared[0], shared[1][j], shared[2]))
         return trees
 
-    def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth) -> DraftTree:
+    @staticmethod
+    def shared_budget(drafters, log_values, budgets, depth) -> tuple[int, list[float], float] | None:
+        """Rows drafting together with an auto budget (and no lookup branch) share one: ``best_shared_budget``
+        over each row's best ``budgets[b]`` path values. None: each row prices its own tree."""
+        if len(drafters) < 2 or any(d.profile is None or d.lookup is not None for d in drafters):
+            return None
+        values = [lv[ranked(lv, depth)[:b]].exp() for lv, b in zip(log_values, budgets)]
+        return best_shared_budget(values, drafters[0].profile, drafters[0].depth)
+
+    def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth,
+             shared: tuple[int, float, float] | None = None) -> DraftTree:
         """This row's tree from its drafted columns (on the host): the best ``budget`` nodes by V (or the
-        budget the cost profile picks), with the lookup chain merged in when there is one."""
-        by_depth = torch.argsort(depth, stable=True)
-        order = by_depth[torch.argsort(-log_value[by_depth], stable=True)]  # by V, ties shallower first
+        budget the cost profile picks; ``shared``: the budget of the rows drafting together, this row's expected
+        tokens and the round's predicted seconds), with the lookup chain merged in when there is one."""
+        order = ranked(log_value, depth)
         meta = {}
-        if self.profile is not None:
+        if shared is not None:
+            budget = min(budget, shared[0])
+            meta = {"budget_mode": "auto", "expected_tokens": shared[1], "predicted_round_s": shared[2],
+                    "budget_shared": True}
+        elif self.profile is not None:
             budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, self.depth)
             meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
         keep = order[:budget].sort().values
@@ -126,6 +144,12 @@ class Eagle2Drafter(HeadRunner):
         if self.lookup is not None:
             tree.records["lookup"] = [i >= drafted for i in range(tokens.shape[0])]
         return tree
+
+
+def ranked(log_value: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """Drafted nodes' indices by path value V, best first (ties: shallower first)."""
+    by_depth = torch.argsort(depth, stable=True)
+    return by_depth[torch.argsort(-log_value[by_depth], stable=True)]
 
 
 def merge_chain(chain: list[int], columns: tuple, order: torch.Tensor, budget: int):
