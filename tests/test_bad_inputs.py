@@ -60,6 +60,31 @@ def test_known_keys_come_from_every_option_of_every_group():
         assert unknown_keys(config(override)) == [], override
 
 
+def test_known_keys_are_cached_on_disk_until_a_yaml_changes(tmp_path, monkeypatch):
+    """Composing every option takes seconds a run; the disk cache answers while the config folder is unchanged,
+    and any edit (a new key) composes again: the new key is known at once."""
+    import shutil
+
+    import eagle2.bench.known_keys as kk
+
+    conf, cache = tmp_path / "conf", tmp_path / "cache"
+    shutil.copytree(kk.CONF_DIR, conf)
+    first = kk.known_tree(str(conf), str(cache))
+    assert len(list(cache.glob("*.json"))) == 1
+    kk.known_tree.cache_clear()
+    monkeypatch.setattr(kk, "_compose_known", lambda conf_dir: pytest.fail("composed again, cache unused"))
+    assert kk.known_tree(str(conf), str(cache)) == first
+    monkeypatch.undo()
+    kk.known_tree.cache_clear()
+    (conf / "method" / "pld.yaml").write_text((conf / "method" / "pld.yaml").read_text() + "brand_new_key: 1\n")
+    assert "brand_new_key" in kk.known_tree(str(conf), str(cache))["method"]  # a stale cache is never read
+    kk.known_tree.cache_clear()
+    for path in cache.glob("*.json"):
+        path.write_text("{torn")
+    assert "brand_new_key" in kk.known_tree(str(conf), str(cache))["method"]  # unreadable: composed again
+    kk.known_tree.cache_clear()
+
+
 # ------------------------------------------------------------------ drafter-weight paths
 
 def _eagle2(tmp_path, head) -> object:

@@ -167,4 +167,4 @@ def test_rows_drafting_together_share_the_best_budget(tiny, weights, monkeypatch
         values = [sorted(t.records["value"], reverse=True)[:cap] for t in ts]
         rate = [sum(1 + sum(v[:m]) for v in values) / (0.2 + steep.verify(m + 1)) for m in range(1, cap + 1)]
         assert {len(t) for t in ts} == {2 + rate.index(max(rate))}
-    assert any(len({len(t) for t in ts}) > 1 for ts in alone), [[len(t) for t in ts] for ts in alone]  # alone: sizes differ
+    assert any(len({len(t) for t in ts}) > 1 for ts in alone), [[len(t) for t in ts] for ts in alone]  # alone: differ

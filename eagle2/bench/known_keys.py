@@ -3,8 +3,9 @@
 Hydra refuses ``model.eagle_head=X`` but lets ``+model.eagle_head=X`` through; the run would then decode
 with the shipped head under the default config's hash. The keys a run may carry are what the config
 groups themselves compose to: ``conf/config.yaml`` with every option of every group (model, method,
-dataset, logger) and every experiment preset, composed once per process. No list is kept by hand, so a
-key added to any YAML is known at once.
+dataset, logger) and every experiment preset. No list is kept by hand, so a key added to any YAML is known at
+once. Composing them all takes seconds, so the result is cached on disk (``~/.cache/eagle2/known_keys/``), keyed
+by the text of every YAML under the config folder and Hydra's version: any edit composes them again.
 
 Below a key whose composed value is not a mapping (a list, a scalar, null) or is an empty mapping, any
 structure is accepted: such values are the user's data (``model.max_memory={0: 70GiB}``).
@@ -13,6 +14,9 @@ structure is accepted: such values are the user's data (``model.max_memory={0: 7
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,10 +39,41 @@ def _merge(known: dict, tree: dict) -> None:
             known.setdefault(key, None)
 
 
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2" / "known_keys"
+
+
+def _conf_fingerprint(conf_dir: str) -> str:
+    """A hash of every YAML file's path and text under ``conf_dir``, and of Hydra's version."""
+    import hydra
+
+    digest = hashlib.sha1(hydra.__version__.encode())
+    for path in sorted(Path(conf_dir).rglob("*.yaml")):
+        digest.update(str(path.relative_to(conf_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 @lru_cache(maxsize=4)
-def known_tree(conf_dir: str = str(CONF_DIR)) -> dict:
+def known_tree(conf_dir: str = str(CONF_DIR), cache_dir: str | None = None) -> dict:
     """The union of the key structures of every composition of ``conf_dir``'s primary config with one
-    option of one group (options starting with ``_`` are bases the others include)."""
+    option of one group (options starting with ``_`` are bases the others include); read from the disk
+    cache when the config folder is unchanged (an unreadable cache file is composed again and rewritten)."""
+    path = Path(cache_dir or CACHE_DIR) / f"{_conf_fingerprint(conf_dir)}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    known = _compose_known(conf_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: compose each time, as before
+        pass
+    return known
+
+
+def _compose_known(conf_dir: str) -> dict:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.types import RunMode
