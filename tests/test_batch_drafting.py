@@ -25,6 +25,7 @@ import torch
 
 import eagle2.core.batch_engine as batch_engine
 import eagle2.core.engine as engine
+import eagle2.drafters.budget as budget
 import eagle2.drafters.head_group as head_group
 from tests.test_batch import METHODS, PROMPTS, N, drafter, single_decode
 from tests.test_batch import weights as weights  # noqa: F401 (a fixture)
@@ -72,7 +73,12 @@ def same_tree(a, b) -> bool:
 
 @pytest.mark.parametrize("name", HEAD_METHODS)
 def test_batched_trees_equal_per_row_trees(tiny, weights, monkeypatch, name):  # noqa: F811
+    """With an auto budget the rows drafting together share one size (tested below), so its trees equal the
+    per-row ones only where every row picks the same: under a flat profile, the largest (a measured profile
+    of the tiny model made the outcome depend on timing noise)."""
     target = tiny[0]
+    if name == "eagle2_auto":
+        plant_profile(monkeypatch, budget.CostProfile([1.0] * 12, [0.1] * 3, 16, {}, rows=3, draft_rows=3))
     for batch_size, refill in ((3, True), (4, False)):
         alone, alone_trees, alone_groups = traced_batch(target, METHODS[name], weights, batch_size, False,
                                                         monkeypatch, refill)
@@ -131,21 +137,28 @@ def test_rows_that_cannot_batch_draft_alone(tiny, weights):  # noqa: F811
     assert len(engine.drafting_groups(seqs, batched=False)) == 7
 
 
+def plant_profile(monkeypatch, profile) -> None:
+    """Every EAGLE-2 drafter built from now on prices its rounds with ``profile``."""
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    real_init = Eagle2Drafter.__init__
+
+    def planted(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        if self.profile is not None:
+            self.profile = profile
+
+    monkeypatch.setattr(Eagle2Drafter, "__init__", planted)
+
+
 def test_rows_drafting_together_share_the_best_budget(tiny, weights, monkeypatch):  # noqa: F811
     """An auto budget over rows verified together (a steep ``T_B(q)``: padding a row costs what its own nodes
     would): every round's trees have the one size whose joint rate, sum over rows of (1 + its best m values) /
     (T_draft + T_B(m + 1)), is the highest, recomputed here from each tree's drafted values. Control: the same
     rows drafting alone choose different sizes in some round (what the shared budget removes)."""
-    import eagle2.drafters.budget as budget
-    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
-
     steep = budget.CostProfile([1.0 + 0.1 * q for q in range(12)], [0.2] * 3, 16, {}, rows=3, draft_rows=3)
-    real_init, real_propose = Eagle2Drafter.__init__, engine.propose_rows
-
-    def planted(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        self.profile = steep
-
+    plant_profile(monkeypatch, steep)
+    real_propose = engine.propose_rows
     rounds = []
 
     def recording(seqs, verifier, clock, batched=False):
@@ -153,7 +166,6 @@ def test_rows_drafting_together_share_the_best_budget(tiny, weights, monkeypatch
         rounds[-1].append(list(made.values()))
         return made, marks
 
-    monkeypatch.setattr(Eagle2Drafter, "__init__", planted)
     monkeypatch.setattr(engine, "propose_rows", recording)
     method, cap = METHODS["eagle2_auto"], METHODS["eagle2_auto"]["max_total_tokens"]
     for together in (True, False):
