@@ -11,6 +11,13 @@ batch share one count (``best_shared_budget``: their trees are verified padded t
 is data the harness measured and hands over (``weights["cost_profile"]``, ``eagle2.bench.cost_profile``): this
 drafter never times a target forward. For batched decoding it is the profile of B rows verified together, ``T_B(q)``.
 
+Adaptive depth (``method.adaptive_depth=true``, with ``total_tokens=auto``): ``depth`` is the most a round drafts,
+and each round drafts at the depth the cost model prices best on the rows' last full-depth drafts: for each
+d <= ``depth``, the best budget over their nodes of depth <= d (``best_shared_budget``) against the profile's
+drafting cost at depth d; the deepest wins only when it pays (ties: shallower). Every ``EXPLORE`` rounds, and
+whenever a row has no full-depth draft yet, a round drafts at full depth again. Under batching on a CPU a verify
+token costs nearly what a drafting depth does, and depth 1 is often best; at batch 1 the full depth usually is.
+
 Lookup branch (``method.lookup_branch=true``, a hybrid tree): a prompt-lookup chain (``eagle2.drafters.lookup``:
 what followed the last n tokens earlier in the prompt or output; or another chain source, as SAMD's,
 ``eagle2.drafters.samd``) is merged into the tree within the same budget. Its leading tokens that the
@@ -33,18 +40,25 @@ from eagle2.drafters.head_group import TreeHeads
 from eagle2.drafters.lookup import find_chains
 
 ChainSource = Callable[[list[int]], list[list[int]]]  # the tokens so far -> continuations, best first
+EXPLORE = 4  # adaptive depth: every this many rounds, a round drafts at full depth again
 
 
 class Eagle2Drafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
-                 profile: CostProfile | None = None, lookup: ChainSource | None = None, **drafting):
+                 profile: CostProfile | None = None, lookup: ChainSource | None = None,
+                 adaptive_depth: bool = False, **drafting):
         """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose.
-        ``lookup``: merge its first chain into each tree (None: the plain EAGLE-2 tree)."""
+        ``lookup``: merge its first chain into each tree (None: the plain EAGLE-2 tree). ``adaptive_depth``:
+        each round's drafting depth priced by the profile (the module's docstring), ``depth`` the most."""
         super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
+        if adaptive_depth and profile is None:
+            raise ValueError("method.adaptive_depth=true needs method.total_tokens=auto (a cost profile)")
         self.depth, self.top_k, self.total_tokens, self.profile = depth, top_k, total_tokens, profile
-        self.lookup = lookup
+        self.lookup, self.adaptive = lookup, adaptive_depth
+        self.full_draft = None  # adaptive: (log V, depth) of this row's last full-depth draft, on the host
+        self.since_full = 0  # rounds drafted since it
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:
         super().start(prompt_ids, first_token, prompt_hidden)
@@ -55,7 +69,7 @@ class Eagle2Drafter(HeadRunner):
         self.sequence.extend(new_tokens)
 
     def batch_key(self) -> tuple:
-        return (*super().batch_key(), self.depth, self.top_k)
+        return (*super().batch_key(), self.depth, self.top_k, self.adaptive)
 
     def propose(self, root: int, room: int) -> DraftTree:
         return self.propose_batch([self], [root], [room])[0]
@@ -72,6 +86,7 @@ class Eagle2Drafter(HeadRunner):
         if not live:
             return trees
         lead, k, rows = drafters[0], drafters[0].top_k, len(drafters)
+        reach = cls.round_depth([drafters[i] for i in live])  # the depth this round drafts to
         top_tokens, top_conf = lead.top(root_logp, k)  # (R, k)
         # every drafted node's columns, one entry per layer, a row per tree; drafted index = position in the
         # concatenation. Tokens, scores, parents and the picks stay on the device (no host sync per depth: the
@@ -82,7 +97,7 @@ class Eagle2Drafter(HeadRunner):
         start = 0  # drafted index of the newest layer's first node
         parent_fed = torch.full((rows, k), -1, device=device)  # fed index (head cache) of each newest node's parent
         parent_feat = root_feature[:, None].expand(rows, k, root_feature.shape[-1])
-        for d in range(1, lead.depth):
+        for d in range(1, reach):
             width = log_value[-1].shape[1]
             n = min(k, width)
             pick = torch.topk(log_value[-1], n, dim=-1).indices.sort(dim=-1).values  # (R, n): nodes expanded
@@ -103,35 +118,63 @@ class Eagle2Drafter(HeadRunner):
         columns = [c.reshape(rows, -1) for c in columns]
         ranks, depth = torch.tensor(ranks), torch.tensor(depth)
         shared = cls.shared_budget([drafters[i] for i in live], [columns[2][i] for i in live],
-                                   [budgets[i] for i in live], depth)
+                                   [budgets[i] for i in live], depth, reach)
         for j, i in enumerate(live):
             trees[i] = drafters[i].tree(roots[i], budgets[i], *(c[i] for c in columns), ranks, depth,
-                                        shared=None if shared is None else (shared[0], shared[1][j], shared[2]))
+                                        shared=None if shared is None else (shared[0], shared[1][j], shared[2]),
+                                        reach=reach)
+            if drafters[i].adaptive:
+                drafters[i].remember(columns[2][i], depth, reach)
         return trees
 
     @staticmethod
-    def shared_budget(drafters, log_values, budgets, depth) -> tuple[int, list[float], float] | None:
+    def round_depth(drafters) -> int:
+        """How deep this round drafts: ``depth``, or with ``adaptive_depth`` the depth the profile prices best on
+        the rows' last full-depth drafts (a full-depth round when one is due: ``EXPLORE``, or a row has none)."""
+        lead = drafters[0]
+        if not lead.adaptive or any(d.full_draft is None or d.since_full + 1 >= EXPLORE for d in drafters):
+            return lead.depth
+        best, best_rate = lead.depth, -1.0
+        ranked_drafts = [(lv, dp, ranked(lv, dp)) for lv, dp in (d.full_draft for d in drafters)]
+        for reach in range(1, lead.depth + 1):
+            values = [lv[order[dp[order] <= reach]][: lead.total_tokens].exp() for lv, dp, order in ranked_drafts]
+            _, expected, seconds = best_shared_budget(values, lead.profile, reach)
+            if sum(expected) / seconds > best_rate * (1 + 1e-9):
+                best, best_rate = reach, sum(expected) / seconds
+        return best
+
+    def remember(self, log_value: torch.Tensor, depth: torch.Tensor, reach: int) -> None:
+        """Adaptive depth: keep a full-depth round's drafted values, count the rounds since."""
+        if reach == self.depth:
+            self.full_draft, self.since_full = (log_value, depth), 0
+        else:
+            self.since_full += 1
+
+    @staticmethod
+    def shared_budget(drafters, log_values, budgets, depth, reach: int) -> tuple[int, list[float], float] | None:
         """Rows drafting together with an auto budget (and no lookup branch) share one: ``best_shared_budget``
-        over each row's best ``budgets[b]`` path values. None: each row prices its own tree."""
+        over each row's best ``budgets[b]`` path values, drafted to depth ``reach``. None: each row prices its
+        own tree."""
         if len(drafters) < 2 or any(d.profile is None or d.lookup is not None for d in drafters):
             return None
         values = [lv[ranked(lv, depth)[:b]].exp() for lv, b in zip(log_values, budgets)]
-        return best_shared_budget(values, drafters[0].profile, drafters[0].depth)
+        return best_shared_budget(values, drafters[0].profile, reach)
 
     def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth,
-             shared: tuple[int, float, float] | None = None) -> DraftTree:
+             shared: tuple[int, float, float] | None = None, reach: int | None = None) -> DraftTree:
         """This row's tree from its drafted columns (on the host): the best ``budget`` nodes by V (or the
         budget the cost profile picks; ``shared``: the budget of the rows drafting together, this row's expected
-        tokens and the round's predicted seconds), with the lookup chain merged in when there is one."""
-        order = ranked(log_value, depth)
-        meta = {}
+        tokens and the round's predicted seconds; ``reach``: the depth drafted, ``depth`` unless adaptive), with the
+        lookup chain merged in when there is one."""
+        order, reach = ranked(log_value, depth), reach or self.depth
+        meta = {"draft_depth": reach} if self.adaptive else {}
         if shared is not None:
             budget = min(budget, shared[0])
-            meta = {"budget_mode": "auto", "expected_tokens": shared[1], "predicted_round_s": shared[2],
-                    "budget_shared": True}
+            meta.update(budget_mode="auto", expected_tokens=shared[1], predicted_round_s=shared[2],
+                        budget_shared=True)
         elif self.profile is not None:
-            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, self.depth)
-            meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
+            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, reach)
+            meta.update(budget_mode="auto", expected_tokens=expected, predicted_round_s=seconds)
         keep = order[:budget].sort().values
         if self.lookup is not None:
             drafted, chains = tokens.shape[0], self.lookup(self.sequence)
@@ -205,4 +248,5 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
 
         lookup = partial(find_chains, settings=lookup_settings(method_cfg, prefix="lookup_", default_k=depth))
     return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
-                         total_tokens=int(total), profile=profile, lookup=lookup, **drafting)
+                         total_tokens=int(total), profile=profile, lookup=lookup,
+                         adaptive_depth=bool(method_cfg.get("adaptive_depth", False)), **drafting)

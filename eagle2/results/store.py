@@ -48,7 +48,7 @@ TARGET_KEYS_WHEN_SET = ("path",)
 DATASET_KEYS, DATASET_KEYS_WHEN_SET = ("name", "path"), ("hub",)
 METHOD_KEYS_WHEN_SET = ("draft_temperature", "lookup_k", "lookup_max_ngram", "lookup_min_ngram", "max_num_draft")
 # switches added later, hashed only when on (with the keys that only they read): off hashes as before
-METHOD_SWITCHES = {"lookup_branch": ("lookup_k", "lookup_max_ngram", "lookup_min_ngram")}
+METHOD_SWITCHES = {"lookup_branch": ("lookup_k", "lookup_max_ngram", "lookup_min_ngram"), "adaptive_depth": ()}
 
 HEARTBEAT_S = 30.0  # the lock holder refreshes the lock file's time this often
 STALE_AFTER_S = 300.0  # a lock not refreshed for this long is taken over, whatever its host

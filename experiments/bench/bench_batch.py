@@ -47,12 +47,15 @@ def first_turns(limit: int, path: Path) -> Path:
     return path
 
 
-def cell_config(args, method: str, batch_size: int, questions: Path, results: Path):
+def cell_config(args, method: str, batch_size: int, questions: Path, results: Path, method_overrides: bool = True):
+    """One cell's config; ``method_overrides`` false leaves out the ``method.*`` overrides (the forward-cost
+    measurement composes plain, which has not every method's keys)."""
+    overrides = [o for o in args.overrides if method_overrides or not o.lstrip("+~").startswith("method.")]
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=[
             "logger=none", "dataset=mt_bench", f"dataset.path={questions}", f"dataset.limit={args.limit}",
             f"max_new_tokens={args.max_new_tokens}", f"threads={args.threads}", f"warmup_tokens={args.warmup}",
-            f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *args.overrides])
+            f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *overrides])
 
 
 def per_row_results(results: Path) -> Path:
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.figure and pngs:
         shutil.copyfile(pngs[0], args.figure)
     top = max(sizes)
-    ratio = forward_cost_ratio(cell_config(args, "plain", 1, questions, results), top)
+    ratio = forward_cost_ratio(cell_config(args, "plain", 1, questions, results, method_overrides=False), top)
     plain = table[table.method == "plain"].set_index("batch_size").throughput
     print(f"\n## Batched decoding on {cpu_kind()} ({torch.get_num_threads()} thread(s)), SmolLM2, "
           f"{args.limit} MT-bench first turns, {args.max_new_tokens} new tokens, {minutes:.1f} min\n")
