@@ -2,10 +2,11 @@
 
 ``true`` compiles the target's forward (a target the path does not cover is refused in one line), a draft
 language model's (SpS) and the draft heads' (EAGLE, EAGLE-2, EAGLE-3: ``eagle2.heads.static_head``; Medusa,
-Hydra: ``eagle2.heads.compiled_stack``), ``false`` keeps the eager forwards, ``auto`` compiles where this
+Hydra: ``eagle2.heads.compiled_stack``; under batching the target alone, ``eagle2.core.compiled_batch``),
+``false`` keeps the eager forwards, ``auto`` compiles where this
 machine kind measured it faster: ``AUTO_COMPILE`` lists those kinds (``make bench-floor`` measures T(1) eager
 and compiled side by side and writes the figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never
-compiles for batched decoding (the compiled path is batch 1) or on a device other than a CPU (the CUDA-graph
+compiles for batched decoding (not measured faster there yet) or on a device other than a CPU (the CUDA-graph
 path is not built yet).
 
 Rows record the choice (``compile``: ``true``, ``false``, ``auto:true`` or ``auto:false``) and the compile
@@ -59,8 +60,12 @@ def prepare(cfg, target, weights: dict | None = None) -> float | None:
         return None
     from eagle2.core.compiled import attach, supports
 
-    if int(cfg.get("batch_size") or 1) != 1:
-        raise ValueError("engine.compile=true decodes one sequence at a time: use batch_size=1 or engine.compile=false")
+    rows = int(cfg.get("batch_size") or 1)
+    if rows > 1:  # the target only: a draft model's or a head's compiled buffer holds one row
+        from eagle2.core.compiled_batch import StaticBatchKV
+
+        decoder = attach(target)
+        return decoder.warm_up() + StaticBatchKV(decoder, rows).warm_up()
     drafts = [w for w in (weights or {}).values() if hasattr(w, "lm_head") and hasattr(w, "base_model")
               and supports(w) is None]
     return sum(part.warm_up() for part in [*(attach(model) for model in (target, *drafts)),

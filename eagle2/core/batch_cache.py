@@ -7,7 +7,8 @@ the common write point ``width`` (the longest live row) in every row; row b's ow
 (``eagle2.core.batch_engine``) hides them. ``commit`` copies a row's accepted tree entries into place
 behind its own prefix (a different count per row); ``load_row`` copies a request prefilled alone into its
 row. ``width`` moves to the longest live row after every change, so the model code (which reads the
-layer length) sees keys ``0..width + Q``.
+layer length) sees keys ``0..width + Q``. On the compiled path the layers are the B-row buffers of
+``eagle2.core.compiled_batch`` (the same fields), and the forward is the compiled one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from eagle2.core.cache import InPlaceLayer, new_cache
+from eagle2.core.compiled_batch import StaticBatchKV
 
 
 class BatchCache:
@@ -24,9 +26,13 @@ class BatchCache:
     def __init__(self, model, rows: int):
         if rows < 1:
             raise ValueError(f"a batch needs at least one row, not {rows}")
-        self.cache: DynamicCache = new_cache(model, in_place=True)
-        if not all(isinstance(layer, InPlaceLayer) for layer in self.cache.layers):
-            raise TypeError("batched decoding needs full-attention layers only (no sliding-window cache)")
+        static = getattr(model, "static_decoder", None)
+        if static is not None:  # the compiled path: the rows' own buffers (eagle2.core.compiled_batch)
+            self.cache: DynamicCache | StaticBatchKV = StaticBatchKV(static, rows)
+        else:
+            self.cache = new_cache(model, in_place=True)
+            if not all(isinstance(layer, InPlaceLayer) for layer in self.cache.layers):
+                raise TypeError("batched decoding needs full-attention layers only (no sliding-window cache)")
         self.rows = rows
         self.lengths = [0] * rows
 

@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from eagle2.core.compiled import StaticKV
+from eagle2.core.compiled_batch import StaticBatchKV
 
 CHUNK = 256  # positions: a buffer grows to the next multiple of this, at least doubling
 
@@ -149,7 +150,7 @@ def forward_target(model, input_ids, cache, *, attention_mask=None, position_ids
 
     On any exception the cache is cropped back to its length before the call.
     """
-    if isinstance(cache, StaticKV):  # the compiled path
+    if isinstance(cache, (StaticKV, StaticBatchKV)):  # the compiled path
         return cache.forward(input_ids, attention_mask, position_ids)
     base = model.base_model
     before = cache_length(cache)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -97,9 +98,9 @@ class LeanLlama(LeanStack):
         self.norm = fixed(base.norm.weight)
 
     def forward(self, ids, positions, mask, slots, keys, values):
-        # ids, positions (1, Q); mask (1, 1, Q, S) additive; slots (Q,) cache positions;
-        # keys, values: per layer (1, KVH, C, D), C >= S; the forward attends over the first S positions
-        h = F.embedding(ids, self.embed)  # (1, Q, H)
+        # ids, positions (B, Q); mask (B, 1, Q, S) additive; slots (Q,) cache positions, the same in every row;
+        # keys, values: per layer (B, KVH, C, D), C >= S; the forward attends over the first S positions
+        h = F.embedding(ids, self.embed)  # (B, Q, H)
         rope = self.rotary(positions, h.dtype)
         inputs = []
         for index, layer in enumerate(self.layers):
@@ -153,30 +154,36 @@ class StaticDecoder:
 
     def reserve(self, positions: int) -> None:
         """Buffers of at least ``positions`` positions (grown in ``SPAN`` steps, at least doubling)."""
-        have = self.capacity()
+        self.keys, self.values = self.grown(self.keys, self.values, positions)
+
+    def grown(self, keys: list, values: list, positions: int, rows: int = 1) -> tuple[list, list]:
+        """Per-layer buffers (``rows``, KVH, C, D) of at least ``positions`` positions: ``keys``/``values`` as
+        they are when they hold that many, else new ones (``SPAN`` steps, at least doubling) with their entries."""
+        have = keys[0].shape[2] if keys else 0
         if positions <= have:
-            return
+            return keys, values
         size = -(-max(positions, 2 * have) // SPAN) * SPAN
         lean = self.lean
-        shape = (1, lean.kv_heads, size, lean.head_dim)
+        shape = (rows, lean.kv_heads, size, lean.head_dim)
 
         def grown(old):  # zeros: a masked position must hold finite values
             new = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if old is not None:
                 new[:, :, :have] = old
-            return new
-        self.keys = [grown(self.keys[i] if have else None) for i in range(len(lean.layers))]
-        self.values = [grown(self.values[i] if have else None) for i in range(len(lean.layers))]
-        for buffer in (*self.keys, *self.values):
             if self.compiled:  # once per buffer, not per forward (60 calls a step on SmolLM2)
-                torch._dynamo.mark_dynamic(buffer, 2)
+                torch._dynamo.mark_dynamic(new, 2)
             if self.graphs:  # written in place inside the captured graphs: their addresses must not move
-                torch._dynamo.mark_static_address(buffer)
+                torch._dynamo.mark_static_address(new)
+            return new
+        layers = range(len(lean.layers))
+        return [grown(keys[i] if have else None) for i in layers], [grown(values[i] if have else None) for i in layers]
 
     @torch.no_grad()
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, n: int):
-        """One forward over inputs padded after ``n`` real tokens; the tap hooks see the layer inputs of the
-        real tokens. Returns hidden (1, n, H)."""
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, n: int,
+            buffers: tuple[list, list] | None = None):
+        """One forward over inputs padded after ``n`` real tokens, in ``buffers`` (keys, values: a batch's own,
+        ``eagle2.core.compiled_batch``) or the decoder's; the tap hooks see the layer inputs of the real tokens.
+        Returns hidden (B, n, H)."""
         tapped = tuple(i for i, layer in enumerate(self.layers) if layer._forward_pre_hooks)
         if ids.shape[1] == 1:
             step = self.step
@@ -189,7 +196,8 @@ class StaticDecoder:
             torch._dynamo.mark_dynamic(mask, 3)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        hidden, inputs = step(ids, positions, mask, slots, self.keys, self.values)
+        keys, values = buffers or (self.keys, self.values)
+        hidden, inputs = step(ids, positions, mask, slots, keys, values)
         taps = [inputs[i] for i in tapped]
         if self.graphs:  # the next replay overwrites a graph's outputs
             hidden, taps = hidden[:, :n].clone(), [tap.clone() for tap in taps]
@@ -254,6 +262,14 @@ class StaticKV:
 
     def crop(self, length: int) -> None:
         self.length = max(0, min(self.length, length))
+
+    @property
+    def layers(self) -> list[SimpleNamespace]:
+        """Per layer, the live entries as ``keys``/``values`` (1, KVH, length, D) views (a batch copies a
+        request prefilled alone into its row: ``eagle2.core.batch_cache``)."""
+        dec = self.decoder
+        return [SimpleNamespace(keys=k[:, :, : self.length], values=v[:, :, : self.length])
+                for k, v in zip(dec.keys, dec.values)]
 
     def keep(self, prefix: int, nodes: list[int]) -> None:
         """Keep the prefix and tree ``nodes`` (ascending, root first) written at ``prefix..``."""

@@ -113,20 +113,20 @@ class LeanStack(nn.Module):
         self.short_queries = torch.device(device).type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each (1, 1, Q, D), as LlamaRotaryEmbedding gives them for ``positions`` (1, Q)."""
+        """(cos, sin), each (B, 1, Q, D), as LlamaRotaryEmbedding gives them for ``positions`` (B, Q)."""
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return ((emb.cos() * self.rope_scale).to(dtype)[:, None], (emb.sin() * self.rope_scale).to(dtype)[:, None])
 
     def attention(self, layer: LeanLayer, x, rope, mask, slots, keys, values) -> torch.Tensor:
-        """Self-attention of ``x`` (1, Q, in) over the first ``mask.shape[-1]`` positions of the buffers
-        ``keys``/``values`` (1, KVH, C, D), its own keys and values written at ``slots`` (Q,) first; ``mask``
-        (1, 1, Q, S) additive. Returns the output projection (1, Q, H)."""
-        q_len, d = x.shape[1], self.head_dim
+        """Self-attention of ``x`` (B, Q, in) over the first ``mask.shape[-1]`` positions of the buffers
+        ``keys``/``values`` (B, KVH, C, D), its own keys and values written at ``slots`` (Q,) first, the same
+        slots in every row; ``mask`` (B, 1, Q, S) additive. Returns the output projection (B, Q, H)."""
+        rows, q_len, d = x.shape[0], x.shape[1], self.head_dim
         q, k, v = layer.qkv(x).split(layer.qkv_sizes, dim=-1)
-        q = q.view(1, q_len, self.heads, d).transpose(1, 2)  # (1, NH, Q, D)
-        k = k.view(1, q_len, self.kv_heads, d).transpose(1, 2)
-        v = v.view(1, q_len, self.kv_heads, d).transpose(1, 2)
+        q = q.view(rows, q_len, self.heads, d).transpose(1, 2)  # (B, NH, Q, D)
+        k = k.view(rows, q_len, self.kv_heads, d).transpose(1, 2)
+        v = v.view(rows, q_len, self.kv_heads, d).transpose(1, 2)
         cos, sin = rope
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -139,7 +139,7 @@ class LeanStack(nn.Module):
         else:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                enable_gqa=self.heads != self.kv_heads)
-        return layer.o(a.transpose(1, 2).reshape(1, q_len, self.heads * d))
+        return layer.o(a.transpose(1, 2).reshape(rows, q_len, self.heads * d))
 
     def mlp(self, layer: LeanLayer, h: torch.Tensor) -> torch.Tensor:
         """``h`` plus the layer's MLP on its post-attention norm."""

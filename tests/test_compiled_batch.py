@@ -1,0 +1,77 @@
+"""Batched decoding on the compiled path (``eagle2.core.compiled_batch``) is lossless: in fp32 the greedy outputs of
+ragged prompts decoded B at a time through the target's static-shape forward (uncompiled: fast; and through
+inductor on a tiny target) are token-identical to the eager batched engine's, which equal batch-1 plain decoding
+(``tests/test_batch.py``); ``compile_choice.prepare`` at batch B compiles the target alone, its B-row graphs
+included.
+
+Negative controls (by hand, once), ``test_batched_static_path_equals_eager``: ``StaticBatchKV.forward`` ignoring
+the verifier's mask (every row sees every column, other rows' stale entries included) failed for every method;
+ignoring the rows' own position ids (every row at the batch width) failed for eagle, eagle2, pld_tree and medusa
+(plain, sps and eagle3 kept their greedy tokens on the tiny model).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from omegaconf import OmegaConf
+
+from eagle2.bench import compile_choice
+from eagle2.core.compiled import attach
+from eagle2.core.compiled_batch import StaticBatchKV
+from tests.test_batch import METHODS, batch_decode
+from tests.test_batch import weights as weights  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
+BATCH_METHODS = ["plain", "sps", "eagle", "eagle2", "eagle3", "pld_tree", "medusa"]
+
+
+def with_path(target, compile: bool):
+    """A copy of ``target`` decoding through the static path (the original stays eager)."""
+    twin = copy.deepcopy(target)
+    attach(twin, compile=compile)
+    return twin
+
+
+def outputs(results) -> list[list[int]]:
+    return [r.output.output_ids for r in results]
+
+
+@pytest.mark.parametrize("name", BATCH_METHODS)
+def test_batched_static_path_equals_eager(tiny, weights, name):  # noqa: F811
+    target = tiny[0]
+    static = with_path(target, compile=False)
+    for batch_size, refill in ((3, True), (4, False)):
+        eager = outputs(batch_decode(target, METHODS[name], weights, batch_size, refill=refill))
+        ours = outputs(batch_decode(static, METHODS[name], weights, batch_size, refill=refill))
+        assert ours == eager, (name, batch_size)
+
+
+@pytest.fixture(scope="module")
+def compiled_twin(tiny):
+    return with_path(tiny[0], compile=True)
+
+
+@pytest.mark.parametrize("name", ["plain", "eagle2"])
+def test_batched_compiled_equals_eager_on_tiny(tiny, compiled_twin, weights, name):  # noqa: F811
+    eager = outputs(batch_decode(tiny[0], METHODS[name], weights, 3))
+    assert outputs(batch_decode(compiled_twin, METHODS[name], weights, 3)) == eager
+    assert isinstance(batch_engine_cache(compiled_twin, 3).cache, StaticBatchKV)
+
+
+def batch_engine_cache(target, rows):
+    from eagle2.core.batch_cache import BatchCache
+
+    return BatchCache(target, rows)
+
+
+def test_prepare_at_batch_b_compiles_the_target_alone(tiny, weights, monkeypatch):  # noqa: F811
+    target = copy.deepcopy(tiny[0])
+    warmed = []
+    monkeypatch.setattr(StaticBatchKV, "warm_up", lambda self, *a: warmed.append(self.rows) or 0.0)
+    monkeypatch.setattr("eagle2.core.compiled.StaticDecoder.warm_up", lambda self, *a: 0.0)
+    cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 4})
+    assert compile_choice.prepare(cfg, target, weights) == 0.0
+    assert target.static_decoder is not None and warmed == [4]
+    assert all(getattr(w, "static_decoder", None) is None for w in weights.values())  # heads, drafts: eager
