@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from eagle2.bench import compile_choice
@@ -75,3 +76,21 @@ def test_prepare_at_batch_b_compiles_the_target_alone(tiny, weights, monkeypatch
     assert compile_choice.prepare(cfg, target, weights) == 0.0
     assert target.static_decoder is not None and warmed == [4]
     assert all(getattr(w, "static_decoder", None) is None for w in weights.values())  # heads, drafts: eager
+
+
+def test_batched_cost_profile_on_the_static_path(tiny):
+    """An auto budget at batch B measures ``T_B(q)`` on the path the run uses: B equal rows in a ``StaticBatchKV``,
+    the prompt causal, each tree cropped off again."""
+    import eagle2.bench.cost_profile as cp
+
+    static = with_path(tiny[0], compile=False)
+    times = cp.measure_verify(static, context=8, max_q=3, reps=1, rows=3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    cache = cp.new_cache(static, rows=3)
+    assert isinstance(cache, StaticBatchKV)
+    prompt = torch.arange(15).reshape(3, 5) % 16
+    eager = cp.forward_target(tiny[0], prompt, cp.new_cache(tiny[0]))
+    ours = cp.forward_target(static, prompt, cache)
+    assert ours.shape == eager.shape and (ours - eager).abs().max() < 1e-5  # a causal prompt of 3 rows
+    cache.crop(2)
+    assert cache.get_seq_length() == 2

@@ -73,7 +73,7 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
     device = target.device
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    cache = new_cache(target)
+    cache = new_cache(target, rows=rows)
     forward_target(target, torch.randint(vocab, (rows, context), generator=gen).to(device), cache)
     out = []
     for q in range(1, max_q + 1):

@@ -116,13 +116,14 @@ def cache_kwargs(module, cache) -> dict:
     return {_cache_keyword(type(module).forward): cache}
 
 
-def new_cache(model, in_place: bool = True) -> DynamicCache:
+def new_cache(model, in_place: bool = True, rows: int = 1) -> DynamicCache:
     """A transformers ``DynamicCache`` for ``model`` whose full-attention layers write in place
     (``in_place=False``: the stock layers, which concatenate on every forward; for comparisons). A model
-    with the compiled path (``eagle2.core.compiled.attach``) gets its static cache instead."""
+    with the compiled path (``eagle2.core.compiled.attach``) gets its static cache instead (``rows`` > 1: rows
+    of their own, ``eagle2.core.compiled_batch``; a transformers cache takes any batch)."""
     static = getattr(model, "static_decoder", None)
     if static is not None and in_place:
-        return static.new_cache()
+        return static.new_cache() if rows == 1 else StaticBatchKV(static, rows)
     cache = DynamicCache(config=model.config)
     if in_place:
         cache.layers = [InPlaceLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
@@ -135,7 +136,7 @@ def cache_length(cache) -> int:
 
 def crop(cache, length: int) -> None:
     """Drop every position from ``length`` on (done per layer: ``Cache.crop``'s meaning changed in 5.x)."""
-    if isinstance(cache, StaticKV):
+    if isinstance(cache, (StaticKV, StaticBatchKV)):
         return cache.crop(length)
     for layer in cache.layers:
         if isinstance(layer, InPlaceLayer):

@@ -58,9 +58,14 @@ class StaticBatchKV:
     def get_seq_length(self) -> int:
         return self.layers[0].length
 
-    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        """Hidden states (B, n, H) of ``input_ids`` (B, n) at ``position_ids`` (B, n), written at slots
-        ``width..`` of every row; ``attention_mask`` the additive (B, 1, n, width + n) mask."""
+    def crop(self, length: int) -> None:
+        for layer in self.layers:
+            layer.length = max(0, min(layer.length, length))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Hidden states (B, n, H) of ``input_ids`` (B, n) at ``position_ids`` (B, n; default ``width..``),
+        written at slots ``width..`` of every row; ``attention_mask`` the additive (B, 1, n, width + n) mask
+        (None: every row causal over all ``width`` entries, as a cost profile's equal rows)."""
         dec, rows, n = self.decoder, self.rows, input_ids.shape[1]
         width, q = self.get_seq_length(), bucket(n)
         span = -(-(width + q) // SPAN) * SPAN
@@ -70,9 +75,14 @@ class StaticBatchKV:
         ids = torch.zeros(rows, q, dtype=torch.long, device=device)  # fresh: a strided view would fail a guard
         ids[:, :n] = input_ids
         positions = slots[None].repeat(rows, 1)
-        positions[:, :n] = position_ids.to(device)
+        if position_ids is not None:
+            positions[:, :n] = position_ids.to(device)
         mask = torch.full((rows, 1, q, span), torch.finfo(dec.dtype).min, dtype=dec.dtype, device=device)
-        mask[:, :, :n, : width + n] = attention_mask.to(device, dec.dtype)
+        if attention_mask is None:
+            mask[:, :, :n, :width] = 0
+            mask[:, :, :n, width: width + n].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=device).tril(), 0)
+        else:
+            mask[:, :, :n, : width + n] = attention_mask.to(device, dec.dtype)
         pad = torch.arange(n, q, device=device)
         mask[:, :, pad, width + pad] = 0  # a padding row sees only itself
         hidden = dec.run(ids, positions, mask, slots, n, buffers=(self.keys, self.values))
