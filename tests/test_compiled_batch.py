@@ -94,3 +94,37 @@ def test_batched_cost_profile_on_the_static_path(tiny):
     assert ours.shape == eager.shape and (ours - eager).abs().max() < 1e-5  # a causal prompt of 3 rows
     cache.crop(2)
     assert cache.get_seq_length() == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["plain", "eagle2"])
+def test_batched_compiled_smollm2_equals_eager_plain(smollm2, name):
+    """The real target in fp32, 4 prompts 3 at a time through the compiled B-row forward: batch-1 eager plain's
+    tokens."""
+    from collections import deque
+
+    import eagle2.core.batch_engine as batch_engine
+    import eagle2.core.engine as engine
+    from eagle2.bench.methods import build_drafter
+    from eagle2.bench.runner import resolve_artifact
+    from eagle2.heads.kinds import weight_kinds
+    from eagle2.prompts.chat import encode_conversation
+    from eagle2.registry import method_spec
+    from tests.test_results_store import config
+
+    target, tokenizer = smollm2
+    method = config(f"method={name}").method
+    compiled = with_path(target, compile=True)
+    weights = {key: weight_kinds()[key].load(resolve_artifact(config(f"method={name}").model[key]), compiled)
+               for key in method_spec(method).weights}
+    questions = ("What is the capital of France?", "Write a haiku about autumn leaves.", "Name three primes.",
+                 "Why is the sky blue? Answer in one sentence.")
+    prompts = [encode_conversation(tokenizer, "tokenizer", [q], [], None) for q in questions]
+    greedy = engine.SamplingParams()
+    plain = [engine.generate(target, build_drafter(OmegaConf.create({"name": "plain"}), target, greedy, None,
+                                                   weights={}), p, greedy, 24, set()).output_ids for p in prompts]
+    queue = deque(batch_engine.BatchRequest(p, build_drafter(method, compiled, greedy, None, weights=weights), 24,
+                                            key=i) for i, p in enumerate(prompts))
+    done = {}
+    batch_engine.BatchEngine(compiled, greedy, set(), 3).run(queue, lambda r: done.__setitem__(r.request.key, r))
+    assert [done[i].output.output_ids for i in range(len(prompts))] == plain
