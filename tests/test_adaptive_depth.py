@@ -62,3 +62,19 @@ def test_off_by_default_and_needs_an_auto_budget(tiny):
     with pytest.raises(ValueError, match="adaptive_depth"):
         dynamic.Eagle2Drafter(tiny[1], tiny[0].lm_head, tiny[0].device, depth=3, top_k=3, total_tokens=8,
                               adaptive_depth=True)
+
+
+def test_built_from_a_config_its_profile_times_fixed_depths(tiny, tmp_path):
+    """``build_drafter`` measures the profile with drafters at each fixed depth (an adaptive one needs a profile
+    to exist), then decodes adaptively: the target's tokens."""
+    from omegaconf import OmegaConf
+
+    from eagle2.bench.methods import build_drafter
+
+    method = OmegaConf.create({"name": "eagle2", "depth": 3, "top_k": 3, "total_tokens": "auto",
+                               "max_total_tokens": 8, "adaptive_depth": True, "profile_dir": str(tmp_path)})
+    built = build_drafter(method, tiny[0], GREEDY, None, head=tiny[1])
+    assert built.adaptive and built.profile is not None and len(built.profile.draft_s) == 3
+    plain = engine.generate(tiny[0], dynamic.Eagle2Drafter(tiny[1], tiny[0].lm_head, tiny[0].device, depth=1,
+                                                          top_k=1, total_tokens=1), PROMPT, GREEDY, 16, set())
+    assert engine.generate(tiny[0], built, PROMPT, GREEDY, 16, set()).output_ids == plain.output_ids

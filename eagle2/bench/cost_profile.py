@@ -212,17 +212,18 @@ def auto_budget_key(method_cfg) -> str | None:
 def auto_budget_profile(method_cfg, target, head, build_at) -> CostProfile:
     """The profile a method with an ``auto`` budget prices its rounds with, for its config on this machine.
     ``build_at(cfg)`` builds the method's drafter for a config; the profile times its rounds at depths
-    1..``depth`` with one node kept (no budget, no lookup branch; a drafter without a head, REST, at one
-    depth: its rounds are lookups). ``verify_rows`` (set by the batched runner): the batch size whose verify
-    cost ``T_B(q)`` it holds; ``draft_rows`` (set with it when the rows draft together): the rows one drafting
-    round of the profile covers."""
+    1..``depth`` with one node kept (no budget, no lookup branch, a fixed depth; a drafter without a head, REST,
+    at one depth: its rounds are lookups). ``verify_rows`` (set by the batched runner): the batch size whose
+    verify cost ``T_B(q)`` it holds; ``draft_rows`` (set with it when the rows draft together): the rows one
+    drafting round of the profile covers."""
     from omegaconf import OmegaConf
 
     base, key = OmegaConf.to_container(method_cfg, resolve=True), auto_budget_key(method_cfg)
     has_head = key == "total_tokens"
 
     def make_drafter(d: int):  # the drafter whose rounds the profile times
-        return build_at(OmegaConf.create({**base, "depth": d, key: 1, "lookup_branch": False}))
+        return build_at(OmegaConf.create({**base, "depth": d, key: 1, "lookup_branch": False,
+                                          "adaptive_depth": False}))
 
     drafting = drafting_settings(method_cfg, head) if has_head else {"method": base["name"]}
     return get_profile(target, head if has_head else None, drafting, make_drafter,

@@ -77,7 +77,8 @@ class Eagle2Drafter(HeadRunner):
     @classmethod
     def propose_batch(cls, drafters: list["Eagle2Drafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
         """Every row's tree (drafters of equal ``batch_key``): depth by depth, one head forward and one LM-head
-        call for all rows (``eagle2.drafters.head_group``); each row's tree is the one it drafts alone."""
+        call for all rows (``eagle2.drafters.head_group``). With a fixed budget each row's tree is the one it
+        drafts alone; an auto budget (and an adaptive depth) the rows share."""
         budgets = [min(d.total_tokens, room - 1) for d, room in zip(drafters, rooms)]
         heads = TreeHeads(drafters)
         root_logp, root_feature = heads.catch_up()  # (R, V), (R, H)
