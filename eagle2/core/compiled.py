@@ -166,7 +166,7 @@ class StaticDecoder:
         lean = self.lean
         shape = (rows, lean.kv_heads, size, lean.head_dim)
 
-        def grown(old):  # zeros: a masked position must hold finite values
+        def bigger(old):  # zeros: a masked position must hold finite values
             new = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if old is not None:
                 new[:, :, :have] = old
@@ -176,7 +176,7 @@ class StaticDecoder:
                 torch._dynamo.mark_static_address(new)
             return new
         layers = range(len(lean.layers))
-        return [grown(keys[i] if have else None) for i in layers], [grown(values[i] if have else None) for i in layers]
+        return [bigger(keys[i] if have else None) for i in layers], [bigger(values[i] if have else None) for i in layers]
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, n: int,
