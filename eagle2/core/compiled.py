@@ -176,7 +176,8 @@ class StaticDecoder:
                 torch._dynamo.mark_static_address(new)
             return new
         layers = range(len(lean.layers))
-        return [bigger(keys[i] if have else None) for i in layers], [bigger(values[i] if have else None) for i in layers]
+        return ([bigger(keys[i] if have else None) for i in layers],
+                [bigger(values[i] if have else None) for i in layers])
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor, n: int,
