@@ -78,9 +78,11 @@ def scaling_markdown(table: pd.DataFrame) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling") -> list[Path]:
+def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling",
+                   stamped: str | None = None) -> list[Path]:
     """Throughput and speedup over batched plain against B, one line per method; one figure per setting
-    (the first is ``name``, others ``name_<model>_<dataset>_T<t>``)."""
+    (the first is ``name``, others ``name_<model>_<dataset>_T<t>``); ``stamped``: a line at the foot naming what
+    made it (commit, date, CPU kind, threads)."""
     paths = []
     for i, (key, g) in enumerate(table.groupby(SETTING, sort=False)):
         with plt.rc_context(PAPER_STYLE):
@@ -102,6 +104,8 @@ def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling") 
             ax_s.set_ylabel("speedup over plain (same B)")
             ax_t.legend(frameon=False)
             fig.suptitle(f"{key[0]} on {key[1]}, T={key[2]:g}", fontsize=9)
+            if stamped:
+                fig.text(0.99, 0.005, stamped, ha="right", va="bottom", fontsize=5, color="gray")
             suffix = "" if i == 0 else f"_{key[0]}_{key[1]}_T{key[2]:g}"
             paths += save(fig, out, name + suffix)
     return paths

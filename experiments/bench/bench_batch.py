@@ -32,6 +32,7 @@ from hydra import compose, initialize_config_dir
 
 from analysis.batch_scaling import scaling_figure, scaling_markdown, scaling_table
 from analysis.metrics import load_rows
+from analysis.results_page import git_commit
 from eagle2.bench.cost_profile import measure_verify
 from eagle2.bench.models import load_target
 from eagle2.bench.runner import run
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     results = Path(args.results or f"results/bench_batch/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     results.mkdir(parents=True, exist_ok=True)
+    commit = git_commit(PROJECT_ROOT)  # before the figure is written (a rewritten figure dirties the checkout)
     questions = first_turns(args.limit, results / "mt_bench_first_turns.jsonl")
     sizes, methods = [int(b) for b in args.batch_sizes.split(",")], args.methods.split(",")
     started = time.time()
@@ -118,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(results / "batch_scaling.csv", index=False)
     text = scaling_markdown(table)
     (results / "batch_scaling.md").write_text(text)
-    pngs = [p for p in scaling_figure(table, results) if p.suffix == ".png"]
+    stamped = (f"commit {commit}, {time.strftime('%Y-%m-%d', time.gmtime())}, CPU kind {cpu_kind()}, "
+               f"{args.threads} thread(s), {args.limit} MT-bench first turns x {args.max_new_tokens} tokens")
+    pngs = [p for p in scaling_figure(table, results, stamped=stamped) if p.suffix == ".png"]
     if args.figure and pngs:
         shutil.copyfile(pngs[0], args.figure)
     top = max(sizes)
