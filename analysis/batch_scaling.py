@@ -105,7 +105,7 @@ def scaling_figure(table: pd.DataFrame, out: Path, name: str = "batch_scaling",
             ax_t.legend(frameon=False)
             fig.suptitle(f"{key[0]} on {key[1]}, T={key[2]:g}", fontsize=9)
             if stamped:
-                fig.text(0.99, 0.005, stamped, ha="right", va="bottom", fontsize=5, color="gray")
+                fig.supxlabel(stamped, x=0.99, ha="right", fontsize=5, color="gray")  # the layout makes room
             suffix = "" if i == 0 else f"_{key[0]}_{key[1]}_T{key[2]:g}"
             paths += save(fig, out, name + suffix)
     return paths
