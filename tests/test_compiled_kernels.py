@@ -72,6 +72,31 @@ def test_lean_bf16_forward_is_as_close_to_fp32_as_eager(models, compile):
     assert worst_error(reference, lean) <= 2 * worst_error(reference, eager) + 1e-3
 
 
+def test_a_long_compiled_forward_runs_in_chunks_and_taps_see_all_of_it(models):
+    """Past ``MAX_ROWS`` tokens the compiled bf16 forward runs in chunks through the tree graph (no third graph);
+    a layer tap (EAGLE-3's) still gets one capture of every position, as close to fp32 as the eager one.
+    Control (by hand, once): the chunks' taps handed over one by one (the last chunk overwrites): this failed."""
+    from eagle2.core.features import LayerTap
+    from eagle2.core.short_attention import MAX_ROWS
+
+    reference, eager = models
+    lean = packed_bf16(reference)
+    decoder = attach(lean, compile=True)
+    prompt = torch.randint(2, 64, (1, 2 * MAX_ROWS + 22), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = decoder.step_taps
+    decoder.step_taps = lambda *a, **k: calls.append(a[0].shape[1]) or real(*a, **k)
+    taps = {}
+    for name, model in (("ours", lean), ("eager", eager), ("fp32", reference)):
+        with LayerTap(model, (0, 1)) as tap:
+            forward_target(model, prompt, new_cache(model))
+            taps[name] = tap.read().float()
+    assert calls == [MAX_ROWS, MAX_ROWS, 32]  # three chunks, the last padded to its bucket
+    assert taps["ours"].shape == taps["fp32"].shape == (1, prompt.shape[1], 2 * reference.config.hidden_size)
+    err = {k: float((taps[k] - taps["fp32"]).abs().max() / taps["fp32"].abs().max()) for k in ("ours", "eager")}
+    assert err["ours"] <= 2 * err["eager"] + 1e-3, err
+
+
 def test_a_wrong_packed_weight_is_caught(models, monkeypatch):
     reference, eager = models
     lean = packed_bf16(reference)

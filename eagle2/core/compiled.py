@@ -49,8 +49,9 @@ from eagle2.core.short_attention import MAX_ROWS
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # padded query lengths of a tree verification
 SPAN = 256  # the attended span of the cache is the live length rounded up to a multiple of this
-# warm-up: a prompt past MAX_ROWS (its own graph), in buffers longer than the span it attends, so that no
-# shape is traced equal to another that a decoding later tells apart (dynamo gives equal sizes one symbol)
+# warm-up: a prompt past MAX_ROWS (run in chunks where short queries attend through products), in buffers longer
+# than the span it attends, so that no shape is traced equal to another that a decoding later tells apart (dynamo
+# gives equal sizes one symbol)
 WARM_CONTEXT = 2 * MAX_ROWS
 SUPPORTED = ("llama",)  # model_type values whose forward LeanLlama reproduces
 CACHE_DIR = Path.home() / ".cache" / "eagle2" / "inductor"
@@ -185,7 +186,24 @@ class StaticDecoder:
         """One forward over inputs padded after ``n`` real tokens, in ``buffers`` (keys, values: a batch's own,
         ``eagle2.core.compiled_batch``) or the decoder's; the tap hooks see the layer inputs of the real tokens.
         Returns hidden (B, n, H)."""
-        tapped = tuple(i for i, layer in enumerate(self.layers) if layer._forward_pre_hooks)
+        hidden, taps = self.step_taps(ids, positions, mask, slots, n, buffers)
+        self.hand_to_taps(taps)
+        return hidden
+
+    def tapped(self) -> tuple[int, ...]:
+        """The decoder layers that carry forward pre-hooks (``eagle2.core.features.LayerTap``)."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer._forward_pre_hooks)
+
+    def hand_to_taps(self, taps: list[torch.Tensor]) -> None:
+        """Call the tapped layers' pre-hooks with their inputs (``taps``, in ``tapped()`` order)."""
+        for index, tap in zip(self.tapped(), taps):
+            layer = self.layers[index]
+            for hook in list(layer._forward_pre_hooks.values()):
+                hook(layer, (tap,), {})
+
+    def step_taps(self, ids, positions, mask, slots, n: int, buffers=None) -> tuple[torch.Tensor, list]:
+        """``run`` without the hooks: (hidden (B, n, H), the tapped layers' inputs of the real tokens)."""
+        tapped = self.tapped()
         if ids.shape[1] == 1:
             step = self.step
         else:
@@ -199,14 +217,10 @@ class StaticDecoder:
             torch.compiler.cudagraph_mark_step_begin()
         keys, values = buffers or (self.keys, self.values)
         hidden, inputs = step(ids, positions, mask, slots, keys, values)
-        taps = [inputs[i] for i in tapped]
+        taps = [inputs[i][:, :n] for i in tapped]
         if self.graphs:  # the next replay overwrites a graph's outputs
             hidden, taps = hidden[:, :n].clone(), [tap.clone() for tap in taps]
-        for index, tap in zip(tapped, taps):
-            layer = self.layers[index]
-            for hook in list(layer._forward_pre_hooks.values()):
-                hook(layer, (tap[:, :n],), {})
-        return hidden[:, :n]
+        return hidden[:, :n], taps
 
     def warm_up(self, context: int = WARM_CONTEXT) -> float:
         """Compile the graphs a decoding uses outside any timed section: a prompt longer than the short-query
@@ -235,11 +249,28 @@ class StaticKV:
 
     def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Hidden states (1, N, H) of ``input_ids`` (1, N) at positions ``length..``; ``attention_mask`` the
-        additive (1, 1, N, length + N) tree mask (None: causal)."""
-        inputs, n = self.padded_inputs(input_ids, attention_mask, position_ids)
-        hidden = self.decoder.run(*inputs, n)
-        self.length += n
-        return hidden
+        additive (1, 1, N, length + N) tree mask (None: causal). Where short queries attend through the
+        products (half precision on a CPU), more than ``MAX_ROWS`` tokens run in chunks of ``MAX_ROWS`` through
+        the same graph as a tree (a longer forward would trace a third graph: ~20 s of a first compile, ~6 s
+        of a cached one), the tap hooks called once with the whole inputs."""
+        dec, n = self.decoder, input_ids.shape[1]
+        if not (dec.compiled and dec.lean.short_queries and n > MAX_ROWS):
+            inputs, n = self.padded_inputs(input_ids, attention_mask, position_ids)
+            hidden = dec.run(*inputs, n)
+            self.length += n
+            return hidden
+        start, hidden, taps = self.length, [], []
+        for s in range(0, n, MAX_ROWS):
+            e = min(n, s + MAX_ROWS)
+            inputs, m = self.padded_inputs(input_ids[:, s:e],
+                                           None if attention_mask is None else attention_mask[..., s:e, : start + e],
+                                           None if position_ids is None else position_ids[:, s:e])
+            part, part_taps = dec.step_taps(*inputs, m)
+            self.length += m
+            hidden.append(part)
+            taps.append(part_taps)
+        dec.hand_to_taps([torch.cat(chunks, dim=1) for chunks in zip(*taps)])
+        return torch.cat(hidden, dim=1)
 
     def padded_inputs(self, input_ids, attention_mask=None, position_ids=None):
         """((ids, positions, mask, slots), n): the inputs of a forward of ``input_ids`` (1, n) at ``length..``
