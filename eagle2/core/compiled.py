@@ -201,6 +201,7 @@ class StaticDecoder:
             for hook in list(layer._forward_pre_hooks.values()):
                 hook(layer, (tap,), {})
 
+    @torch.no_grad()
     def step_taps(self, ids, positions, mask, slots, n: int, buffers=None) -> tuple[torch.Tensor, list]:
         """``run`` without the hooks: (hidden (B, n, H), the tapped layers' inputs of the real tokens)."""
         tapped = self.tapped()
