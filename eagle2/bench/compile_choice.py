@@ -6,8 +6,8 @@ Hydra: ``eagle2.heads.compiled_stack``; under batching the target alone, ``eagle
 ``false`` keeps the eager forwards, ``auto`` compiles where this
 machine kind measured it faster: ``AUTO_COMPILE`` lists those kinds (``make bench-floor`` measures T(1) eager
 and compiled side by side and writes the figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never
-compiles for batched decoding (not measured faster there yet) or on a device other than a CPU (the CUDA-graph
-path is not built yet).
+compiles for batched decoding (``make bench-floor``, the measurement behind it, is of batch 1) or on a device
+other than a CPU (the CUDA-graph path is not built yet).
 
 Rows record the choice (``compile``: ``true``, ``false``, ``auto:true`` or ``auto:false``) and the compile
 seconds spent before any timed section (``compile_s``; None when nothing was compiled).
