@@ -26,13 +26,11 @@ class BatchCache:
     def __init__(self, model, rows: int):
         if rows < 1:
             raise ValueError(f"a batch needs at least one row, not {rows}")
-        static = getattr(model, "static_decoder", None)
-        if static is not None:  # the compiled path: the rows' own buffers (eagle2.core.compiled_batch)
-            self.cache: DynamicCache | StaticBatchKV = StaticBatchKV(static, rows)
-        else:
-            self.cache = new_cache(model, in_place=True)
-            if not all(isinstance(layer, InPlaceLayer) for layer in self.cache.layers):
-                raise TypeError("batched decoding needs full-attention layers only (no sliding-window cache)")
+        # the compiled path: the rows' own buffers (eagle2.core.compiled_batch)
+        self.cache: DynamicCache | StaticBatchKV = new_cache(model, in_place=True, rows=rows)
+        if not isinstance(self.cache, StaticBatchKV) and not all(isinstance(layer, InPlaceLayer)
+                                                                 for layer in self.cache.layers):
+            raise TypeError("batched decoding needs full-attention layers only (no sliding-window cache)")
         self.rows = rows
         self.lengths = [0] * rows
 

@@ -190,21 +190,17 @@ class StaticDecoder:
         self.hand_to_taps(taps)
         return hidden
 
-    def tapped(self) -> tuple[int, ...]:
-        """The decoder layers that carry forward pre-hooks (``eagle2.core.features.LayerTap``)."""
-        return tuple(i for i, layer in enumerate(self.layers) if layer._forward_pre_hooks)
-
-    def hand_to_taps(self, taps: list[torch.Tensor]) -> None:
-        """Call the tapped layers' pre-hooks with their inputs (``taps``, in ``tapped()`` order)."""
-        for index, tap in zip(self.tapped(), taps):
+    def hand_to_taps(self, taps: dict[int, torch.Tensor]) -> None:
+        """Call each tapped layer's pre-hooks with its input (``taps``: layer index -> input)."""
+        for index, tap in taps.items():
             layer = self.layers[index]
             for hook in list(layer._forward_pre_hooks.values()):
                 hook(layer, (tap,), {})
 
     @torch.no_grad()
-    def step_taps(self, ids, positions, mask, slots, n: int, buffers=None) -> tuple[torch.Tensor, list]:
-        """``run`` without the hooks: (hidden (B, n, H), the tapped layers' inputs of the real tokens)."""
-        tapped = self.tapped()
+    def step_taps(self, ids, positions, mask, slots, n: int, buffers=None) -> tuple[torch.Tensor, dict]:
+        """``run`` without the hooks: (hidden (B, n, H), the inputs of the real tokens to each layer that carries
+        forward pre-hooks, ``eagle2.core.features.LayerTap``: layer index -> input)."""
         if ids.shape[1] == 1:
             step = self.step
         else:
@@ -218,9 +214,9 @@ class StaticDecoder:
             torch.compiler.cudagraph_mark_step_begin()
         keys, values = buffers or (self.keys, self.values)
         hidden, inputs = step(ids, positions, mask, slots, keys, values)
-        taps = [inputs[i][:, :n] for i in tapped]
+        taps = {i: inputs[i][:, :n] for i, layer in enumerate(self.layers) if layer._forward_pre_hooks}
         if self.graphs:  # the next replay overwrites a graph's outputs
-            hidden, taps = hidden[:, :n].clone(), [tap.clone() for tap in taps]
+            hidden, taps = hidden[:, :n].clone(), {i: tap.clone() for i, tap in taps.items()}
         return hidden[:, :n], taps
 
     def warm_up(self, context: int = WARM_CONTEXT) -> float:
@@ -270,28 +266,16 @@ class StaticKV:
             self.length += m
             hidden.append(part)
             taps.append(part_taps)
-        dec.hand_to_taps([torch.cat(chunks, dim=1) for chunks in zip(*taps)])
+        dec.hand_to_taps({i: torch.cat([part[i] for part in taps], dim=1) for i in taps[0]})
         return torch.cat(hidden, dim=1)
 
     def padded_inputs(self, input_ids, attention_mask=None, position_ids=None):
         """((ids, positions, mask, slots), n): the inputs of a forward of ``input_ids`` (1, n) at ``length..``
         padded to their bucket, the buffers grown to the span it attends."""
-        dec, prefix = self.decoder, self.length
         if input_ids.shape[0] != 1:
             raise CompileUnsupportedError("the compiled path decodes one sequence at a time (batch_size=1)")
-        n = input_ids.shape[1]
-        q = bucket(n)
-        span = -(-(prefix + q) // SPAN) * SPAN
-        dec.reserve(span + 1)  # the buffers always outlast the span: a graph traced with them longer stays valid
-        device = dec.device
-        ids = torch.zeros(1, q, dtype=torch.long, device=device)  # fresh: a strided view would fail a guard
-        ids[:, :n] = input_ids
-        own = torch.arange(prefix, prefix + q, device=device)
-        positions = own[None].clone()
-        if position_ids is not None:
-            positions[:, :n] = position_ids.to(device)
-        mask = padded_mask(attention_mask, prefix, n, q, span, dec.dtype, device)
-        return (ids, positions, mask, own), n
+        return padded_inputs(self.decoder, self.length, input_ids, attention_mask, position_ids,
+                             self.decoder.reserve)
 
     def crop(self, length: int) -> None:
         self.length = max(0, min(self.length, length))
@@ -314,20 +298,38 @@ class StaticKV:
         self.length = prefix + len(nodes)
 
 
-def padded_mask(tree_mask, prefix: int, n: int, q: int, span: int, dtype, device) -> torch.Tensor:
-    """The (1, 1, q, span) additive mask of a forward of ``n`` real tokens padded to ``q`` at ``prefix``:
-    real rows as ``tree_mask`` (None: causal), nothing past ``prefix + n`` for them; a padding row sees
-    only itself."""
+def padded_mask(tree_mask, prefix: int, n: int, q: int, span: int, dtype, device, rows: int = 1) -> torch.Tensor:
+    """The (rows, 1, q, span) additive mask of a forward of ``n`` real tokens per row padded to ``q`` at
+    ``prefix``: real tokens as ``tree_mask`` (rows, 1, n, prefix + n) (None: causal), nothing past ``prefix + n``
+    for them; a padding token sees only itself."""
     low = torch.finfo(dtype).min
-    mask = torch.full((q, span), low, dtype=dtype, device=device)
+    mask = torch.full((rows, 1, q, span), low, dtype=dtype, device=device)
     if tree_mask is None:
-        mask[:n, :prefix] = 0
-        mask[:n, prefix: prefix + n].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=device).tril(), 0)
+        mask[:, :, :n, :prefix] = 0
+        mask[:, :, :n, prefix: prefix + n].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=device).tril(), 0)
     else:
-        mask[:n, : prefix + n] = tree_mask[0, 0].to(device, dtype)
+        mask[:, :, :n, : prefix + n] = tree_mask.to(device, dtype)
     pad = torch.arange(n, q, device=device)
-    mask[pad, prefix + pad] = 0
-    return mask[None, None]
+    mask[:, :, pad, prefix + pad] = 0
+    return mask
+
+
+def padded_inputs(decoder, prefix: int, input_ids, attention_mask, position_ids, reserve):
+    """((ids, positions, mask, slots), n): a forward of ``input_ids`` (B, n) at ``prefix..`` in every row,
+    padded to its bucket; ``reserve(positions)`` grows the buffers it writes to past the span it attends."""
+    rows, n = input_ids.shape
+    q = bucket(n)
+    span = -(-(prefix + q) // SPAN) * SPAN
+    reserve(span + 1)  # the buffers always outlast the span: a graph traced with them longer stays valid
+    device = decoder.device
+    ids = torch.zeros(rows, q, dtype=torch.long, device=device)  # fresh: a strided view would fail a guard
+    ids[:, :n] = input_ids
+    slots = torch.arange(prefix, prefix + q, device=device)
+    positions = slots[None].repeat(rows, 1)
+    if position_ids is not None:
+        positions[:, :n] = position_ids.to(device)
+    mask = padded_mask(attention_mask, prefix, n, q, span, decoder.dtype, device, rows)
+    return (ids, positions, mask, slots), n
 
 
 def attach(model, compile: bool = True) -> StaticDecoder:

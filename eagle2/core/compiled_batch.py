@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from eagle2.core.clock import device_clock
-from eagle2.core.compiled import SPAN, WARM_CONTEXT, bucket
+from eagle2.core.compiled import SPAN, WARM_CONTEXT, padded_inputs
 
 
 class BufferLayer:
@@ -66,26 +66,9 @@ class StaticBatchKV:
         """Hidden states (B, n, H) of ``input_ids`` (B, n) at ``position_ids`` (B, n; default ``width..``),
         written at slots ``width..`` of every row; ``attention_mask`` the additive (B, 1, n, width + n) mask
         (None: every row causal over all ``width`` entries, as a cost profile's equal rows)."""
-        dec, rows, n = self.decoder, self.rows, input_ids.shape[1]
-        width, q = self.get_seq_length(), bucket(n)
-        span = -(-(width + q) // SPAN) * SPAN
-        self.reserve(span + 1)  # the buffers always outlast the span (a graph traced with them longer stays valid)
-        device = dec.device
-        slots = torch.arange(width, width + q, device=device)
-        ids = torch.zeros(rows, q, dtype=torch.long, device=device)  # fresh: a strided view would fail a guard
-        ids[:, :n] = input_ids
-        positions = slots[None].repeat(rows, 1)
-        if position_ids is not None:
-            positions[:, :n] = position_ids.to(device)
-        mask = torch.full((rows, 1, q, span), torch.finfo(dec.dtype).min, dtype=dec.dtype, device=device)
-        if attention_mask is None:
-            mask[:, :, :n, :width] = 0
-            mask[:, :, :n, width: width + n].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=device).tril(), 0)
-        else:
-            mask[:, :, :n, : width + n] = attention_mask.to(device, dec.dtype)
-        pad = torch.arange(n, q, device=device)
-        mask[:, :, pad, width + pad] = 0  # a padding row sees only itself
-        hidden = dec.run(ids, positions, mask, slots, n, buffers=(self.keys, self.values))
+        width = self.get_seq_length()
+        inputs, n = padded_inputs(self.decoder, width, input_ids, attention_mask, position_ids, self.reserve)
+        hidden = self.decoder.run(*inputs, n, buffers=(self.keys, self.values))
         for layer in self.layers:
             layer.length = width + n
         return hidden
@@ -99,12 +82,7 @@ class StaticBatchKV:
         for q in (1, 4):
             for layer in self.layers:
                 layer.length = context
-            ids = torch.randint(vocab, (self.rows, q), device=dec.device)
-            positions = torch.arange(context, context + q, device=dec.device).repeat(self.rows, 1)
-            allowed = torch.ones(q, context + q, dtype=torch.bool, device=dec.device).tril(context)
-            mask = torch.zeros(allowed.shape, dtype=dec.dtype, device=dec.device).masked_fill_(
-                ~allowed, torch.finfo(dec.dtype).min)
-            self.forward(ids, mask.expand(self.rows, 1, -1, -1), positions)
+            self.forward(torch.randint(vocab, (self.rows, q), device=dec.device))  # causal, at context..
         for layer in self.layers:
             layer.length = 0
         for buffer in (*self.keys, *self.values):
