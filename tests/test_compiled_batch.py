@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from eagle2.bench import compile_choice
+from eagle2.core.batch_cache import BatchCache
 from eagle2.core.compiled import attach
 from eagle2.core.compiled_batch import StaticBatchKV
 from tests.test_batch import METHODS, batch_decode
@@ -58,13 +59,7 @@ def compiled_twin(tiny):
 def test_batched_compiled_equals_eager_on_tiny(tiny, compiled_twin, weights, name):  # noqa: F811
     eager = outputs(batch_decode(tiny[0], METHODS[name], weights, 3))
     assert outputs(batch_decode(compiled_twin, METHODS[name], weights, 3)) == eager
-    assert isinstance(batch_engine_cache(compiled_twin, 3).cache, StaticBatchKV)
-
-
-def batch_engine_cache(target, rows):
-    from eagle2.core.batch_cache import BatchCache
-
-    return BatchCache(target, rows)
+    assert isinstance(BatchCache(compiled_twin, 3).cache, StaticBatchKV)
 
 
 def test_prepare_at_batch_b_compiles_the_target_alone(tiny, weights, monkeypatch):  # noqa: F811
