@@ -29,6 +29,7 @@ def main(cfg: DictConfig) -> None:
     from eagle2.training.loop import WorldSizeMismatch
     from eagle2.training.preflight import check_inputs
     from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
+    from eagle2.training.warm_state import WarmStateError
 
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
     try:  # an unknown stage, or a stage's missing or unreadable input: one line, before the target loads
@@ -46,7 +47,7 @@ def main(cfg: DictConfig) -> None:
     target, tokenizer = load_target(cfg.model, device=device, kernels="stock")
     try:
         run_stages(target, tokenizer, cfg, root, cfg.stage)
-    except WorldSizeMismatch as exc:
+    except (WorldSizeMismatch, WarmStateError) as exc:  # (a warm state whose weights are not the init heads')
         raise SystemExit(f"[train_head] {exc}") from None
     finally:
         distributed.close()

@@ -106,3 +106,42 @@ def test_a_fresh_clone_continues_from_the_committed_resume_state(token_corpus, t
 
     saved = load_file(str(tmp_path / "committed" / "trainable.safetensors"))
     assert saved["fc.weight"].dtype == torch.bfloat16
+
+
+def test_a_state_promoted_into_the_init_heads_resumes_from_resume_json_alone(token_corpus, tmp_path):
+    """``snapshot_heads --promote``: the state's weights written into the head the run starts from, only
+    ``resume.json`` kept (``trainable.safetensors`` is not committed): the run goes on at the state's step
+    from those heads. Control: heads that are not the state's weights (one tensor nudged by one bf16 step)
+    are refused in one line naming the folder, before any step."""
+    from safetensors.torch import load_file
+
+    from eagle2.heads.eagle_head import save_head
+    from eagle2.training.warm_state import WarmStateError, read_warm_state
+    from experiments.research.snapshot_heads import promote
+
+    target = tiny_target()
+    committed = tmp_path / "committed"
+    cfg = head_cfg(epochs=4, autocast="off", checkpoint_every=3, resume_dir=str(committed))
+    head, _ = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=6)
+    (tmp_path / "run" / "checkpoint.pt").unlink()
+    heads = save_head(head, tmp_path / "heads")  # the folder init_from names; promote overwrites its weights
+    digest = promote(committed, {"": heads}, target)
+    stored = load_file(str(committed / "trainable.safetensors"))
+    (committed / "trainable.safetensors").unlink()  # what a clone holds: resume.json and the promoted heads
+    assert read_warm_state(committed)["weights_sha256"] == digest
+    nudged = tmp_path / "nudged"
+    save_head(head, nudged)
+    weights = load_file(str(nudged / "model.safetensors"))
+    key = next(k for k in weights if k in stored)
+    weights[key] = (stored[key].float() * 1.01).to(weights[key].dtype)
+    from safetensors.torch import save_file
+
+    save_file(weights, str(nudged / "model.safetensors"))
+    with pytest.raises(WarmStateError, match="are not its weights") as refused:
+        train_head(target, token_corpus, head_cfg(**{**cfg, "init_from": str(nudged)}), tmp_path / "run",
+                   stop_after=7)
+    assert str(committed) in str(refused.value) and "\n" not in str(refused.value)
+    ran = []
+    resumed, summary = train_head(target, token_corpus, head_cfg(**{**cfg, "init_from": str(heads)}),
+                                  tmp_path / "run", stop_after=7, on_step=lambda step, stats: ran.append(step))
+    assert ran == [7] and summary["step"] == 7  # it went on from step 6, from the promoted heads

@@ -16,8 +16,9 @@ resumes only with the world size it was written with. One process is the world s
 A fresh clone has no ``checkpoint.pt`` (it is GBs of optimizer state for large heads, and never committed).
 With ``cfg.resume_dir`` set, every checkpoint also writes a small committed-size state there
 (``trainable.safetensors``: the trained weights in bf16; ``resume.json``: fingerprint, position, tokens,
-curve, the metrics rows): a run that finds no checkpoint but that state continues from it at the same
-step, epoch and batch (a warm resume: the weights are bf16-rounded and AdamW's moments start again).
+curve, the metrics rows, the weights' digest): a run that finds no checkpoint but that state continues from
+it at the same step, epoch and batch (a warm resume: the weights are bf16-rounded and AdamW's moments start
+again). A state promoted into the heads the run starts from commits ``resume.json`` alone (``warm_state``).
 
 Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
 bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
@@ -43,7 +44,7 @@ from eagle2.training import distributed
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
-from eagle2.training.warm_state import read_warm_state
+from eagle2.training.warm_state import load_warm_weights, read_warm_state, write_warm_state
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -214,15 +215,11 @@ class Trainer:
         state = read_warm_state(folder)
         if state is None:
             return
-        from safetensors.torch import load_file
-
         state_path = Path(folder) / "resume.json"
         if state["fingerprint"] != json.loads(json.dumps(self.fingerprint)):
             raise ValueError(f"{state_path} was written by a different run ({state['fingerprint']} vs "
                              f"{self.fingerprint}); set resume_dir to another folder or delete it")
-        weights = load_file(str(Path(folder) / "trainable.safetensors"))
-        own = self.module.state_dict()
-        self.module.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()}, strict=False)
+        load_warm_weights(folder, self.module, state)
         self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
         self.tokens_trained, self.curve = state["tokens_trained"], list(state["curve"])
         self.sched.last_epoch = self.step - 1  # the LR schedule continues where it was
@@ -240,21 +237,12 @@ class Trainer:
         folder = self.cfg.get("resume_dir")
         if not folder:
             return
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in trainable_state(self.module).items()
-                   if v.is_floating_point()}
-        save_file(weights, str(folder / "trainable.safetensors.tmp"))
-        os.replace(folder / "trainable.safetensors.tmp", folder / "trainable.safetensors")
         metrics = self.out / "metrics.jsonl"
         lines = metrics.read_text().splitlines() if metrics.exists() else []
         rows = [json.loads(line) for line in lines if line.strip()]
-        state = {"fingerprint": self.fingerprint, "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
-                 "tokens_trained": self.tokens_trained, "curve": self.curve, "rows": rows}
-        (folder / "resume.json.tmp").write_text(json.dumps(state) + "\n")
-        os.replace(folder / "resume.json.tmp", folder / "resume.json")
+        write_warm_state(folder, self.module, {
+            "fingerprint": self.fingerprint, "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
+            "tokens_trained": self.tokens_trained, "curve": self.curve, "rows": rows})
 
     def save(self) -> None:
         """Write ``checkpoint.pt`` (rank 0; every rank's RNG gathered into it when there are several)."""

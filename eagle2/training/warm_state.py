@@ -1,22 +1,35 @@
-"""The committed-size training state of ``resume_dir`` (``loop.Trainer.save_warm`` writes it), checked from its
-files alone before anything resumes from it: ``resume.json`` whole JSON with every key the trainer writes,
-``trainable.safetensors`` present with a whole header, and neither a git-LFS pointer (what a clone made
-without git-lfs holds). Each problem is one ``WarmStateError`` line naming the file and what to do. Whether
-the state belongs to this run (its fingerprint) is the trainer's check, once the run's data is known.
+"""The committed-size training state of ``resume_dir``: written at every checkpoint (``write_warm_state``),
+checked from its files alone before anything resumes from it (``read_warm_state``), and put back into the
+module (``load_warm_weights``).
+
+The state is ``resume.json`` (fingerprint, position, tokens, curve, metrics rows and ``weights_sha256``, the
+digest of the bf16 weights) and ``trainable.safetensors`` (those weights). A run whose weights were promoted
+into the heads it starts from (``experiments.research.snapshot_heads --promote``) commits ``resume.json``
+alone: it resumes from its ``init_from`` heads once their digest matches. The checks: ``resume.json`` whole
+JSON with every key the trainer writes, the weights present (or a digest to check them by) with a whole
+header, and no git-LFS pointer (what a clone made without git-lfs holds). Each problem is one
+``WarmStateError`` line naming the file and what to do. Whether the state belongs to this run (its
+fingerprint) is the trainer's check, once the run's data is known.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
+import torch
+
 from eagle2.heads.locations import check_safetensors_header, is_lfs_pointer
+from eagle2.training.models import trainable_state
 
 
 class WarmStateError(ValueError):
     """A ``resume_dir`` whose state cannot be resumed from, found from its files alone (one line naming the file)."""
 
 
+WEIGHTS_FILE = "trainable.safetensors"
 WARM_STATE_KEYS = ("fingerprint", "step", "epoch", "batch", "tokens_trained", "curve")
 
 
@@ -27,7 +40,7 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
     state_path = Path(folder) / "resume.json" if folder else None
     if state_path is None or not state_path.exists():
         return None
-    weights = state_path.parent / "trainable.safetensors"
+    weights = state_path.parent / WEIGHTS_FILE
     for path in (state_path, weights):
         if path.is_file() and is_lfs_pointer(path):
             raise WarmStateError(f"{path} is a git-LFS pointer, not the file (the clone was made without git-lfs): "
@@ -42,6 +55,8 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
         raise WarmStateError(f"{state_path} has no {', '.join(missing)}: not a state this trainer wrote; delete "
                              f"{state_path.parent} or set resume_dir=null to start afresh")
     if not weights.is_file():
+        if state.get("weights_sha256"):  # promoted into the init heads: the trainer checks them by the digest
+            return state
         raise WarmStateError(f"{state_path.parent} has resume.json but no trainable.safetensors; delete it or set "
                              "resume_dir=null to start afresh")
     try:
@@ -49,3 +64,53 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
     except ValueError as exc:
         raise WarmStateError(str(exc)) from None
     return state
+
+
+def warm_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a warm state keeps: every floating tensor of ``models.trainable_state``, in bf16."""
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in trainable_state(module).items()
+            if v.is_floating_point()}
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """sha256 over ``weights`` in key order: each name, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for key in sorted(weights):
+        tensor = weights[key].contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def write_warm_state(folder: str | Path, module: torch.nn.Module, state: dict) -> None:
+    """Write ``module``'s warm weights and ``state`` (with their digest, ``weights_sha256``) to ``folder``,
+    atomically per file."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = warm_weights(module)
+    save_file(weights, str(folder / f"{WEIGHTS_FILE}.tmp"))
+    os.replace(folder / f"{WEIGHTS_FILE}.tmp", folder / WEIGHTS_FILE)
+    (folder / "resume.json.tmp").write_text(json.dumps({**state, "weights_sha256": weights_digest(weights)}) + "\n")
+    os.replace(folder / "resume.json.tmp", folder / "resume.json")
+
+
+def load_warm_weights(folder: str | Path, module: torch.nn.Module, state: dict) -> None:
+    """Give ``module`` the warm state's weights: from ``trainable.safetensors``; or, where the state's weights
+    were promoted into the heads the run starts from (``experiments.research.snapshot_heads --promote``: only
+    ``resume.json`` is committed), check that ``module`` already holds them (the same ``weights_sha256``)."""
+    path = Path(folder) / WEIGHTS_FILE
+    if not path.is_file():
+        held = weights_digest(warm_weights(module))
+        if held != state.get("weights_sha256"):
+            raise WarmStateError(f"{folder} has no {WEIGHTS_FILE} and the heads this run starts from (init_from) "
+                                 f"are not its weights (sha256 {held[:12]}, the state's "
+                                 f"{str(state.get('weights_sha256'))[:12]}): point init_from at the promoted heads "
+                                 "or set resume_dir=null to start afresh")
+        return
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path))
+    own = module.state_dict()
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()}, strict=False)

@@ -7,9 +7,16 @@ prefix in the state, e.g. ``eagle3``, and the folder its run was initialised fro
 the draft vocabulary), puts the state's weights in it (strictly: every tensor must match), and saves it as a head
 folder under ``--out/NAME``, stamped with the step and tokens in ``snapshot.json``.
 
+``--promote`` writes each head into its ``--init`` folder instead, checks that the heads reloaded from there
+hold exactly the state's weights (their digest, ``warm_state.weights_digest``) and records the digest in the
+state's ``resume.json``: the state's weights then live in the heads the run starts from, so ``resume.json``
+alone is committed and the next sitting resumes from it (``warm_state.load_warm_weights``).
+
     python -m experiments.research.snapshot_heads --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head --out /tmp/step900
     python run.py method=eagle3 model.eagle3_head=/tmp/step900/eagle3 dataset.limit=5
+    python -m experiments.research.snapshot_heads --state artifacts/smollm2/train_state/joint \\
+        --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head --promote
 """
 
 from __future__ import annotations
@@ -23,31 +30,52 @@ from safetensors.torch import load_file
 
 from eagle2.heads.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
 from eagle2.heads.eagle_head import load_head, save_head
+from eagle2.training.warm_state import WEIGHTS_FILE, weights_digest
 from experiments.bench.bench_engine import smollm2
 
 
-def snapshot(state: Path, name: str, init: Path, target, out: Path) -> Path:
-    """Save head ``name`` of the resume ``state`` (initialised like ``init``) under ``out / name``."""
-    prefix = f"heads.{name}."
-    weights = {k[len(prefix):]: v for k, v in load_file(str(state / "trainable.safetensors")).items()
-               if k.startswith(prefix)}
+def snapshot(state: Path, prefix: str, init: Path, target, folder: Path) -> Path:
+    """Save the head whose weights carry ``prefix`` in the resume ``state`` (``heads.eagle3.`` in a joint run's,
+    ``""`` in a one-head run's), initialised like ``init``, as the head folder ``folder``."""
+    weights = {k[len(prefix):]: v for k, v in load_file(str(state / WEIGHTS_FILE)).items() if k.startswith(prefix)}
     if not weights:
         raise SystemExit(f"{state}: no weights under {prefix!r}")
-    head = (load_eagle3_head if _is_eagle3(init) else load_head)(init, target)
+    head = _load(init, target)
     own = head.state_dict()
     missing = [k for k in weights if k not in own]
     if missing:
-        raise SystemExit(f"{state}: {len(missing)} tensors of {name!r} are not in {init}'s head: {missing[:3]}")
+        raise SystemExit(f"{state}: {len(missing)} tensors of {prefix!r} are not in {init}'s head: {missing[:3]}")
     with torch.no_grad():
         for key, value in weights.items():
             own[key].copy_(value.to(own[key].dtype))
-    folder = out / name
     (save_eagle3_head if isinstance(head, Eagle3Head) else save_head)(head, folder, dtype=torch.bfloat16)
     position = json.loads((state / "resume.json").read_text())
     (folder / "snapshot.json").write_text(json.dumps(
         {"state": str(state), "step": position["step"], "tokens_trained": position["tokens_trained"],
          "tensors": len(weights), "of": len(own)}, indent=1))
     return folder
+
+
+def promote(state: Path, inits: dict[str, Path], target) -> str:
+    """Write each head of ``state`` into its ``inits`` folder (``{prefix: folder}``), check that the heads
+    reloaded from there hold exactly the state's weights, and record their digest in ``resume.json``."""
+    stored = load_file(str(state / WEIGHTS_FILE))
+    for prefix, folder in inits.items():
+        snapshot(state, prefix, folder, target, folder)
+    reloaded = {}
+    for prefix, folder in inits.items():
+        own = _load(folder, target).state_dict()
+        reloaded |= {prefix + k: own[k].to(torch.bfloat16) for k in own if prefix + k in stored}
+    digest = weights_digest(stored)
+    if set(reloaded) != set(stored) or weights_digest(reloaded) != digest:
+        raise SystemExit(f"{state}: the promoted heads do not reload as the state's weights; nothing recorded")
+    position = json.loads((state / "resume.json").read_text())
+    (state / "resume.json").write_text(json.dumps({**position, "weights_sha256": digest}) + "\n")
+    return digest
+
+
+def _load(folder: Path, target):
+    return (load_eagle3_head if _is_eagle3(folder) else load_head)(folder, target)
 
 
 def _is_eagle3(folder: Path) -> bool:
@@ -58,12 +86,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--state", required=True, type=Path)
     ap.add_argument("--init", action="append", required=True, help="NAME=FOLDER (repeatable)")
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="the folder the snapshots go under (NAME each)")
+    ap.add_argument("--promote", action="store_true", help="write each head into its --init folder instead")
     args = ap.parse_args()
+    if bool(args.out) == args.promote:
+        ap.error("give --out or --promote")
     _, target, _ = smollm2("float32", "stock")
-    for item in args.init:
-        name, _, folder = item.partition("=")
-        print(snapshot(args.state, name, Path(folder), target, args.out))
+    inits = {f"heads.{name}.": Path(folder) for name, _, folder in (item.partition("=") for item in args.init)}
+    if args.promote:
+        print(f"{args.state}: promoted into {', '.join(map(str, inits.values()))}; weights sha256 "
+              f"{promote(args.state, inits, target)}")
+        return
+    for prefix, folder in inits.items():
+        print(snapshot(args.state, prefix, folder, target, args.out / prefix.split(".")[1]))
 
 
 if __name__ == "__main__":
