@@ -95,10 +95,10 @@ def test_prepare_compiles_the_target_a_draft_model_and_a_head(tiny, monkeypatch)
             return 1.5
 
     monkeypatch.setattr(compiled, "attach", lambda model: attached.append(model) or Warm())
-    monkeypatch.setattr(static_head, "attach_head", lambda model: heads.append(model) or Warm())
+    monkeypatch.setattr(static_head, "attach_head", lambda model, rows: heads.append((model, rows)) or Warm())
     cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 1})
     assert compile_choice.prepare(cfg, target, {"sps_draft": draft, "head": head}) == 4.5
-    assert attached == [target, draft] and heads == [head]
+    assert attached == [target, draft] and heads == [(head, 1)]
 
 
 @pytest.fixture(scope="module")

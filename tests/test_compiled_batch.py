@@ -1,8 +1,9 @@
 """Batched decoding on the compiled path (``eagle2.core.compiled_batch``) is lossless: in fp32 the greedy outputs of
 ragged prompts decoded B at a time through the target's static-shape forward (uncompiled: fast; and through
 inductor on a tiny target) are token-identical to the eager batched engine's, which equal batch-1 plain decoding
-(``tests/test_batch.py``); ``compile_choice.prepare`` at batch B compiles the target alone, its B-row graphs
-included.
+(``tests/test_batch.py``); ``compile_choice.prepare`` at batch B compiles the target, its B-row graphs included,
+and the EAGLE heads for B rows (their batched drafting: ``tests/test_compiled_batch_heads.py``), a draft model and
+Medusa / Hydra staying eager. Slow: SmolLM2 in fp32 with its heads compiled for the batch, plain decoding's tokens.
 
 Negative controls (by hand, once), ``test_batched_static_path_equals_eager``: ``StaticBatchKV.forward`` ignoring
 the verifier's mask (every row sees every column, other rows' stale entries included) failed for every method;
@@ -62,15 +63,22 @@ def test_batched_compiled_equals_eager_on_tiny(tiny, compiled_twin, weights, nam
     assert isinstance(BatchCache(compiled_twin, 3).cache, StaticBatchKV)
 
 
-def test_prepare_at_batch_b_compiles_the_target_alone(tiny, weights, monkeypatch):  # noqa: F811
-    target = copy.deepcopy(tiny[0])
+def test_prepare_at_batch_b_compiles_the_target_and_the_heads_for_b_rows(tiny, weights, monkeypatch):  # noqa: F811
+    from eagle2.heads.static_head_batch import StaticBatchHeadKV
+
+    target, weights = copy.deepcopy(tiny[0]), copy.deepcopy(weights)
     warmed = []
-    monkeypatch.setattr(StaticBatchKV, "warm_up", lambda self, *a: warmed.append(self.rows) or 0.0)
-    monkeypatch.setattr("eagle2.core.compiled.StaticDecoder.warm_up", lambda self, *a: 0.0)
+    for kind in (StaticBatchKV, StaticBatchHeadKV):
+        monkeypatch.setattr(kind, "warm_up", lambda self, *a, kind=kind: warmed.append((kind, self.rows)) or 1.0)
+    monkeypatch.setattr("eagle2.core.compiled.StaticDecoder.warm_up", lambda self, *a: 0.5)
     cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 4})
-    assert compile_choice.prepare(cfg, target, weights) == 0.0
-    assert target.static_decoder is not None and warmed == [4]
-    assert all(getattr(w, "static_decoder", None) is None for w in weights.values())  # heads, drafts: eager
+    assert compile_choice.prepare(cfg, target, weights) == 3.5  # the target's two, the two EAGLE heads'
+    assert target.static_decoder is not None
+    assert warmed == [(StaticBatchKV, 4), (StaticBatchHeadKV, 4), (StaticBatchHeadKV, 4)]
+    assert [key for key, w in weights.items() if getattr(w, "static_batch", None) is not None] == ["head",
+                                                                                                 "eagle3_head"]
+    assert all(getattr(w, "static_decoder", None) is None for w in weights.values())  # their own caches: eager
+    assert all(getattr(w, "compiled_blocks", None) is None for w in weights.values())  # Medusa, Hydra: eager
 
 
 def test_batched_cost_profile_on_the_static_path(tiny):
@@ -94,8 +102,8 @@ def test_batched_cost_profile_on_the_static_path(tiny):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "eagle2"])
 def test_batched_compiled_smollm2_equals_eager_plain(smollm2, name):
-    """The real target in fp32, 4 prompts 3 at a time through the compiled B-row forward: batch-1 eager plain's
-    tokens."""
+    """The real target in fp32, 4 prompts 3 at a time through the compiled B-row forward, its heads compiled for
+    the 3 rows as ``compile_choice.prepare`` compiles them: batch-1 eager plain's tokens."""
     from collections import deque
 
     import eagle2.core.batch_engine as batch_engine
@@ -112,6 +120,8 @@ def test_batched_compiled_smollm2_equals_eager_plain(smollm2, name):
     compiled = with_path(target, compile=True)
     weights = {key: weight_kinds()[key].load(resolve_artifact(config(f"method={name}").model[key]), compiled)
                for key in method_spec(method).weights}
+    for part in compile_choice.compiled_heads(weights, rows=3):
+        part.warm_up()
     questions = ("What is the capital of France?", "Write a haiku about autumn leaves.", "Name three primes.",
                  "Why is the sky blue? Answer in one sentence.")
     prompts = [encode_conversation(tokenizer, "tokenizer", [q], [], None) for q in questions]

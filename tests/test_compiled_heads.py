@@ -5,7 +5,8 @@ In fp32 on tiny models, greedy decoding with a head on the compiled path is toke
 for eagle, eagle2, eagle3, medusa and hydra, and every round's drafted tree is the same (tokens, parents;
 confidences within float tolerance): through the lean static forward uncompiled (fast, the padding and the
 static buffer), and through ``torch.compile`` (inductor). A long prompt crosses the buffer's span (the buffer
-grows). ``compile_choice.prepare`` compiles the heads; batched drafting refuses a compiled head.
+grows). ``compile_choice.prepare`` compiles the heads; batched drafting refuses a head compiled for batch 1
+(a head compiled for the batch: ``tests/test_compiled_batch_heads.py``).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def test_prepare_compiles_every_head_kind(target, heads, monkeypatch):
             return 1.0
 
     for module, name in ((compiled, "attach"), (static_head, "attach_head"), (compiled_stack, "attach_stack")):
-        monkeypatch.setattr(module, name, lambda w, name=name: attached.append((name, w)) or Warm())
+        monkeypatch.setattr(module, name, lambda w, name=name, rows=1: attached.append((name, w)) or Warm())
     cfg = OmegaConf.create({"engine": {"compile": "true"}, "model": {"device": "cpu"}, "batch_size": 1})
     assert compile_choice.prepare(cfg, target, dict(heads)) == 5.0
     assert attached == [("attach", target), ("attach_head", heads["head"]), ("attach_head", heads["eagle3_head"]),

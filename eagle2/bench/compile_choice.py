@@ -2,12 +2,13 @@
 
 ``true`` compiles the target's forward (a target the path does not cover is refused in one line), a draft
 language model's (SpS) and the draft heads' (EAGLE, EAGLE-2, EAGLE-3: ``eagle2.heads.static_head``; Medusa,
-Hydra: ``eagle2.heads.compiled_stack``; under batching the target alone, ``eagle2.core.compiled_batch``),
-``false`` keeps the eager forwards, ``auto`` compiles where this
-machine kind measured it faster: ``AUTO_COMPILE`` lists those kinds (``make bench-floor`` measures T(1) eager
-and compiled side by side and writes the figures to ``docs/results/floor/<cpu-kind>.md``). ``auto`` never
-compiles for batched decoding (``make bench-floor``, the measurement behind it, is of batch 1) or on a device
-other than a CPU (the CUDA-graph path is not built yet).
+Hydra: ``eagle2.heads.compiled_stack``); under batching the target's B-row forward
+(``eagle2.core.compiled_batch``) and the EAGLE heads' over B-row buffers (``eagle2.heads.static_head_batch``,
+the rows drafting together), a draft model and Medusa / Hydra staying eager. ``false`` keeps the eager
+forwards, ``auto`` compiles where this machine kind measured it faster: ``AUTO_COMPILE`` lists those kinds
+(``make bench-floor`` measures T(1) eager and compiled side by side and writes the figures to
+``docs/results/floor/<cpu-kind>.md``). ``auto`` never compiles for batched decoding (``make bench-floor``, the
+measurement behind it, is of batch 1) or on a device other than a CPU (the CUDA-graph path is not built yet).
 
 Rows record the choice (``compile``: ``true``, ``false``, ``auto:true`` or ``auto:false``) and the compile
 seconds spent before any timed section (``compile_s``; None when nothing was compiled).
@@ -55,32 +56,36 @@ def resolve(cfg) -> str:
 def prepare(cfg, target, weights: dict | None = None) -> float | None:
     """Give ``target`` the compiled path when this run compiles, and every draft language model among the
     drafter ``weights`` (SpS's draft) the path covers, and every draft head (``compiled_heads``); compile them
-    now (untimed) and return the seconds it took; None when the run stays eager."""
+    now (untimed) and return the seconds it took; None when the run stays eager. At ``batch_size`` B > 1: the
+    target with its B-row graphs and the EAGLE heads for B rows (a draft model's buffer holds one row)."""
     if not decide(cfg):
         return None
     from eagle2.core.compiled import attach, supports
 
     rows = int(cfg.get("batch_size") or 1)
-    if rows > 1:  # the target only: a draft model's or a head's compiled buffer holds one row
+    if rows > 1:
         from eagle2.core.compiled_batch import StaticBatchKV
 
         decoder = attach(target)
-        return decoder.warm_up() + StaticBatchKV(decoder, rows).warm_up()
+        return (decoder.warm_up() + StaticBatchKV(decoder, rows).warm_up()
+                + sum(part.warm_up() for part in compiled_heads(weights or {}, rows)))
     drafts = [w for w in (weights or {}).values() if hasattr(w, "lm_head") and hasattr(w, "base_model")
               and supports(w) is None]
     return sum(part.warm_up() for part in [*(attach(model) for model in (target, *drafts)),
                                            *compiled_heads(weights or {})])
 
 
-def compiled_heads(weights: dict) -> list:
+def compiled_heads(weights: dict, rows: int = 1) -> list:
     """The compiled path of every draft head among ``weights``: an EAGLE-1/2 or EAGLE-3 head gets its static
-    forward (``eagle2.heads.static_head``), Medusa or Hydra heads their compiled blocks
-    (``eagle2.heads.compiled_stack``); each returned part compiles on ``warm_up()``."""
+    forward (``eagle2.heads.static_head``; ``rows`` > 1: over B-row buffers, ``eagle2.heads.static_head_batch``),
+    Medusa or Hydra heads their compiled blocks (``eagle2.heads.compiled_stack``; batch 1 only); each returned
+    part compiles on ``warm_up()``."""
     from eagle2.heads.compiled_stack import attach_stack
     from eagle2.heads.eagle3_head import Eagle3Head
     from eagle2.heads.eagle_head import EagleHead
     from eagle2.heads.medusa_heads import HeadStack
     from eagle2.heads.static_head import attach_head
 
-    return [attach_head(w) if isinstance(w, (EagleHead, Eagle3Head)) else attach_stack(w)
-            for w in weights.values() if isinstance(w, (EagleHead, Eagle3Head, HeadStack))]
+    eagle, stacks = (EagleHead, Eagle3Head), (HeadStack,) if rows == 1 else ()
+    return [attach_head(w, rows=rows) if isinstance(w, eagle) else attach_stack(w)
+            for w in weights.values() if isinstance(w, eagle + stacks)]

@@ -9,8 +9,9 @@ span rounded up to ``SPAN`` and writes its entries at ``width..`` in every row; 
 ancestors and positions come in the batch verifier's mask and position ids, as on the eager path. Requests are
 prefilled alone through the decoder's own one-row buffers (``StaticKV``) and copied into their rows.
 
-Only the target compiles under batching: a draft model's or a head's compiled path keeps one row's buffer, which
-rows drafting one after another would share (``eagle2.bench.compile_choice``).
+The EAGLE heads under batching follow the same patterns over B-row buffers of their own
+(``eagle2.heads.static_head_batch``); a draft model's compiled path keeps one row's buffer, which rows drafting
+one after another would share, so it stays eager (``eagle2.bench.compile_choice``).
 """
 
 from __future__ import annotations

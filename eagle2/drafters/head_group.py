@@ -7,10 +7,13 @@ their trees with a leading row axis over ``TreeHeads``, and ``propose`` is ``pro
 the per-row path and the batched one are the same code.
 
 ``TreeHeads`` over one row is the row's own head cache and ``HeadRunner``'s catch-up and ``expand``, as ever.
-Over several:
+Over several (or over any on a head compiled for the batch):
 - The rows' committed head entries are copied into one (R, kv_heads, width, head_dim) cache, row b's at
   ``0..committed[b]`` and zeros after (``width``: the longest); ``visible`` (R, columns) marks the columns
-  each row's queries may see.
+  each row's queries may see. On the compiled path (``engine.compile=true`` at ``batch_size=B``) that cache is
+  the head's B-row static buffers (``eagle2.heads.static_head_batch``: the same entries at the same columns,
+  the rows and queries padded to static shapes, the padding masked) and every forward below is the head's
+  compiled one; the rows' own caches stay eager, so a fresh prompt's backlog is fed eagerly.
 - ``catch_up``: ONE head forward over every row's pending (token, feature) pairs, padded to the longest
   (the last round's accepted tokens plus one; a row with a longer backlog, a fresh prompt, feeds all but
   its last pair alone first), written at columns ``width..``: row b's pair j sees its own prefix and its
@@ -33,6 +36,7 @@ import torch
 from eagle2.core.cache import new_cache
 from eagle2.core.compiled import CompileUnsupportedError
 from eagle2.core.tree import additive_mask
+from eagle2.heads.static_head import forward_head
 
 
 @contextmanager
@@ -52,11 +56,13 @@ class TreeHeads:
 
     def __init__(self, runners, reserve: int = 64):
         self.runners, self.lead = list(runners), runners[0]
-        if len(self.runners) == 1:
+        # the row alone in its own cache, unless the head is compiled for the batch (its B-row buffers)
+        self.alone = len(self.runners) == 1 and getattr(self.lead.head, "static_batch", None) is None
+        if self.alone:
             return
         if getattr(self.lead.head, "static_decoder", None) is not None:  # its one buffer holds one row
-            raise CompileUnsupportedError("a compiled draft head drafts one row at a time: batched drafting "
-                                          "needs engine.compile=false")
+            raise CompileUnsupportedError("a draft head compiled for batch 1 drafts one row at a time: batched "
+                                          "drafting needs it compiled for the batch (attach_head(head, rows=B))")
         for r in self.runners:  # a fresh prompt: all its pairs but the last fed in the row's own cache
             if len(r.pending_tokens) > BACKLOG:
                 r.feed_backlog(leave=1)
@@ -74,7 +80,7 @@ class TreeHeads:
     def catch_up(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row feeds its pending pairs; returns (log-probs of the roots' children (R, V), the features
         predicted at the roots (R, H)): one head forward and one LM-head call for all rows."""
-        if len(self.runners) == 1:  # the row alone: ``HeadRunner.catch_up``, as ever
+        if self.alone:  # ``HeadRunner.catch_up``, as ever
             logp = self.lead.catch_up()
             return logp[None], self.lead.root_feature[None]
         lead, device, rows = self.lead, self.lead.device, len(self.runners)
@@ -92,8 +98,7 @@ class TreeHeads:
         allowed = torch.cat([self.visible[:, None].expand(rows, span, self.width), own], dim=2)
         mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, span, width + span)
         with shared_span(self.runners):
-            out = lead.head(tokens, padded, position_ids=self.committed[:, None] + j, attention_mask=mask,
-                            cache=self.cache)  # (R, span, H)
+            out = forward_head(lead.head, tokens, padded, self.committed[:, None] + j, mask, self.cache)  # (R, span, H)
             roots = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
             logp = lead.log_probs_unspanned(roots)
         self._write_back(span, roots)
@@ -118,13 +123,13 @@ class TreeHeads:
     @property
     def fed(self) -> int:
         """Tree nodes fed per row since the catch-up (equal for every row: each depth feeds n nodes a row)."""
-        return self.lead.fed if len(self.runners) == 1 else self._fed
+        return self.lead.fed if self.alone else self._fed
 
     def expand(self, tokens: torch.Tensor, parent_fed, depth: int, parent_features: torch.Tensor):
         """Feed one depth's nodes of every row: ``tokens`` (R, n), ``parent_fed`` (R, n) fed indices of their
         parents (-1: the root) or one list shared by the rows, ``parent_features`` (R, n, H). Returns
         (log-probs of their children (R, n, V), their predicted features (R, n, H))."""
-        if len(self.runners) == 1:  # the row's own head cache, as ``HeadRunner.expand``
+        if self.alone:  # the row's own head cache, as ``HeadRunner.expand``
             logp, out = self.lead.expand(tokens[0], parent_fed if isinstance(parent_fed, list) else parent_fed[0],
                                          depth, parent_features[0])
             return logp[None], out[None]
@@ -145,8 +150,7 @@ class TreeHeads:
         mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, n, K)
         positions = (self.committed + depth - 1)[:, None].expand(rows, n)
         with shared_span(self.runners):
-            out = lead.head(tokens.to(device), parent_features, position_ids=positions, attention_mask=mask,
-                            cache=self.cache)  # (R, n, H)
+            out = forward_head(lead.head, tokens.to(device), parent_features, positions, mask, self.cache)  # (R, n, H)
             logp = lead.log_probs_unspanned(out.reshape(rows * n, -1))
         return logp.reshape(rows, n, -1), out
 
@@ -154,7 +158,10 @@ class TreeHeads:
 def stacked_cache(head, caches, lengths: list[int], width: int, reserve: int):
     """A head cache of R rows: row b holds the first ``lengths[b]`` entries of ``caches[b]`` (one row each; a
     row's cache may be empty, never written), zeros up to ``width`` (finite: masked out, never NaN), room for
-    ``reserve`` more positions."""
+    ``reserve`` more positions. A head compiled for the batch: its B-row buffers, loaded so."""
+    static = getattr(head, "static_batch", None)
+    if static is not None:
+        return static.load(caches, lengths, width)
     config, param = head.config, next(head.parameters())
     kv_heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -8,14 +8,15 @@ one preallocated buffer per layer written in place (``StaticDecoder.reserve``), 
 ``SPAN``, the query rows padded to a bucket with the padding masked (``StaticKV.padded_inputs``): a catch-up of
 n accepted pairs runs as ``bucket(n)`` rows, a depth of EAGLE-2's tree (``top_k`` nodes) as ``bucket(top_k)``.
 Q = 1 is its own static graph, the buckets above share one graph dynamic in Q (and in the span); an EAGLE-3
-head has two of each, for its two feature widths (fused target layers at the catch-up, its own outputs in
+head has two of each, for its two feature widths (fused target features at the catch-up, its own outputs in
 the tree). ``crop`` after a round is the length moving: the tree's entries past it are overwritten by the next
 catch-up, never read before.
 
-Batch 1, one generation at a time per head (the buffer is the head's): a batched drafting round over several
-rows (``eagle2.drafters.head_group``) stays eager and is refused on a compiled head. On a GPU it compiles
-without CUDA graphs. ``warm_up`` compiles every graph before any timed section (inductor's disk cache,
-``eagle2.core.compiled.use_disk_cache``: a second process loads them) and returns its seconds.
+The head's buffer holds one row: one generation at a time. Under batching (``attach_head(head, rows=B)``) the
+same compiled forward runs over B-row buffers instead (``eagle2.heads.static_head_batch``, ``head.static_batch``:
+the rows drafting together, ``eagle2.drafters.head_group``), and the rows' own head caches stay eager. On a GPU
+it compiles without CUDA graphs. ``warm_up`` compiles every graph before any timed section (inductor's disk
+cache, ``eagle2.core.compiled.use_disk_cache``: a second process loads them) and returns its seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from eagle2.core.clock import device_clock
 from eagle2.core.compiled import SPAN, WARM_CONTEXT, StaticDecoder, StaticKV
 from eagle2.heads.lean_heads import lean_head
+from eagle2.heads.static_head_batch import StaticBatchHeadKV
 
 
 class StaticHead(StaticDecoder):
@@ -39,16 +41,21 @@ class StaticHead(StaticDecoder):
         return StaticHeadKV(self)
 
     @torch.no_grad()
-    def run(self, ids, features, positions, mask, slots, n: int) -> torch.Tensor:
-        """One forward over inputs padded after ``n`` real rows; returns the predicted features (1, n, h)."""
+    def run(self, ids, features, positions, mask, slots, n: int, buffers: tuple[list, list] | None = None):
+        """One forward over inputs (B, Q) padded after ``n`` real queries, in ``buffers`` (keys, values: B rows',
+        ``eagle2.heads.static_head_batch``) or the head's own; ``features`` (R, n, F) of the first R <= B rows
+        are padded here. Returns the predicted features (B, n, h)."""
+        padded = torch.zeros(*ids.shape, features.shape[-1], dtype=self.dtype, device=self.device)
+        padded[: features.shape[0], :n] = features  # fresh: a strided view would fail a guard
         many = ids.shape[1] > 1
         if self.compiled:
             if many:
-                for tensor, dim in ((ids, 1), (features, 1), (positions, 1), (mask, 2), (slots, 0)):
+                for tensor, dim in ((ids, 1), (padded, 1), (positions, 1), (mask, 2), (slots, 0)):
                     torch._dynamo.mark_dynamic(tensor, dim)
             torch._dynamo.mark_dynamic(mask, 3)
         step = self.step_many if many else self.step
-        return step(ids, features, positions, mask, slots, self.keys, self.values)[:, :n]
+        keys, values = buffers or (self.keys, self.values)
+        return step(ids, padded, positions, mask, slots, keys, values)[:, :n]
 
     def warm_up(self, context: int = WARM_CONTEXT) -> float:
         """Compile the graphs a decoding uses (Q = 1 and the buckets, every feature width) outside any timed
@@ -73,24 +80,27 @@ class StaticHeadKV(StaticKV):
         ``position_ids`` (default ``length..``), written at cache slots ``length..``; ``attention_mask`` the
         additive (1, 1, N, length + N) mask over the slots (None: causal)."""
         (ids, positions, mask, slots), n = self.padded_inputs(input_ids, attention_mask, position_ids)
-        dec = self.decoder
-        padded = torch.zeros(1, ids.shape[1], features.shape[-1], dtype=dec.dtype, device=dec.device)
-        padded[:, :n] = features  # fresh: a strided view would fail a guard
-        out = dec.run(ids, padded, positions, mask, slots, n)
+        out = self.decoder.run(ids, features, positions, mask, slots, n)
         self.length += n
         return out
 
 
 def forward_head(head, tokens, features, positions, mask, cache) -> torch.Tensor:
-    """The head's forward over one row: ``tokens`` (1, Q), ``features`` (1, Q, F), ``positions`` (1, Q), the
-    additive ``mask`` (1, 1, Q, past + Q); through the compiled path when ``cache`` is a head's static one."""
-    if isinstance(cache, StaticHeadKV):
+    """The head's forward over R rows: ``tokens`` (R, Q), ``features`` (R, Q, F), ``positions`` (R, Q), the
+    additive ``mask`` (R, 1, Q, past + Q); through the compiled path when ``cache`` is a head's static one (its
+    one-row buffer, or its B-row buffers: ``eagle2.heads.static_head_batch``)."""
+    if isinstance(cache, (StaticHeadKV, StaticBatchHeadKV)):
         return cache.forward(tokens, features, mask, positions)
     return head(tokens, features, position_ids=positions, attention_mask=mask, cache=cache)
 
 
-def attach_head(head, compile: bool = True) -> StaticHead:
-    """Give ``head`` the compiled path (``head.static_decoder``); returns it."""
+def attach_head(head, compile: bool = True, rows: int = 1) -> StaticHead | StaticBatchHeadKV:
+    """Give ``head`` the compiled path: for one row at a time its ``StaticHead`` (``head.static_decoder``), for
+    ``rows`` > 1 drafting together B-row buffers over it (``head.static_batch``; the head's own caches stay eager).
+    Returns what ``warm_up`` compiles."""
     static = StaticHead(head, compile)
-    head.static_decoder = static
-    return static
+    if rows == 1:
+        head.static_decoder = static
+        return static
+    head.static_batch = StaticBatchHeadKV(static, rows)
+    return head.static_batch
