@@ -5,7 +5,8 @@ module (``load_warm_weights``).
 The state is ``resume.json`` (fingerprint, position, tokens, curve, metrics rows and ``weights_sha256``, the
 digest of the bf16 weights) and ``trainable.safetensors`` (those weights). A run whose weights were promoted
 into the heads it starts from (``experiments.research.snapshot_heads --promote``) commits ``resume.json``
-alone: it resumes from its ``init_from`` heads once their digest matches. The checks: ``resume.json`` whole
+alone: it resumes from its ``init_from`` heads once their digest matches. A state whose weights are
+neither promoted nor in the tree is resumed by restoring ``trainable.safetensors`` from the commit that holds it. The checks: ``resume.json`` whole
 JSON with every key the trainer writes, the weights present (or a digest to check them by) with a whole
 header, and no git-LFS pointer (what a clone made without git-lfs holds). Each problem is one
 ``WarmStateError`` line naming the file and what to do. Whether the state belongs to this run (its
@@ -106,8 +107,9 @@ def load_warm_weights(folder: str | Path, module: torch.nn.Module, state: dict) 
         if held != state.get("weights_sha256"):
             raise WarmStateError(f"{folder} has no {WEIGHTS_FILE} and the heads this run starts from (init_from) "
                                  f"are not its weights (sha256 {held[:12]}, the state's "
-                                 f"{str(state.get('weights_sha256'))[:12]}): point init_from at the promoted heads "
-                                 "or set resume_dir=null to start afresh")
+                                 f"{str(state.get('weights_sha256'))[:12]}): point init_from at the promoted heads, "
+                                 f"restore {WEIGHTS_FILE} from the commit that holds it (git log -- "
+                                 f"{Path(folder) / WEIGHTS_FILE}), or set resume_dir=null to start afresh")
         return
     from safetensors.torch import load_file
 
