@@ -6,10 +6,10 @@ The state is ``resume.json`` (fingerprint, position, tokens, curve, metrics rows
 digest of the bf16 weights) and ``trainable.safetensors`` (those weights). A run whose weights were promoted
 into the heads it starts from (``experiments.research.snapshot_heads --promote``) commits ``resume.json``
 alone: it resumes from its ``init_from`` heads once their digest matches. A state whose weights are
-neither promoted nor in the tree is resumed by restoring ``trainable.safetensors`` from the commit that holds it. The checks: ``resume.json`` whole
-JSON with every key the trainer writes, the weights present (or a digest to check them by) with a whole
-header, and no git-LFS pointer (what a clone made without git-lfs holds). Each problem is one
-``WarmStateError`` line naming the file and what to do. Whether the state belongs to this run (its
+neither promoted nor in the tree resumes once ``trainable.safetensors`` is restored from the commit that holds
+it. The checks: ``resume.json`` whole JSON with every key the trainer writes, the weights present (or a digest
+to check them by) with a whole header, and no git-LFS pointer (what a clone made without git-lfs holds). Each
+problem is one ``WarmStateError`` line naming the file and what to do. Whether the state belongs to this run (its
 fingerprint) is the trainer's check, once the run's data is known.
 """
 
