@@ -49,13 +49,17 @@ class CostProfile:
         """A round's drafting at ``depth``: every row of the batch drafts its tree (together: one ``draft_s``)."""
         return self.rows / self.draft_rows * self.draft(depth)
 
+    def round_seconds(self, depth: int, nodes: int) -> torch.Tensor:
+        """Predicted seconds (float64) of a round drafting at ``depth`` and verifying m + 1 tokens, m = 1..nodes."""
+        draft = self.round_draft(depth)
+        return torch.tensor([draft + self.verify(m + 1) for m in range(1, nodes + 1)], dtype=torch.float64)
+
 
 def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple[int, float, float]:
     """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
     Returns (m, expected tokens of the round, predicted seconds of the round)."""
     expected = 1.0 + torch.cumsum(values.double(), 0)
-    draft = profile.round_draft(depth)
-    seconds = torch.tensor([draft + profile.verify(m + 1) for m in range(1, len(values) + 1)], dtype=torch.float64)
+    seconds = profile.round_seconds(depth, len(values))
     m = int(torch.argmax(expected / seconds)) + 1
     return m, float(expected[m - 1]), float(seconds[m - 1])
 
@@ -67,7 +71,6 @@ def best_shared_budget(values: list[torch.Tensor], profile: CostProfile, depth: 
     top = max(len(v) for v in values)
     expected = torch.stack([1.0 + torch.cumsum(torch.nn.functional.pad(v.double(), (0, top - len(v))), 0)
                             for v in values])  # (R, top): a row's nodes beyond its own count add nothing
-    draft = profile.round_draft(depth)
-    seconds = torch.tensor([draft + profile.verify(m + 1) for m in range(1, top + 1)], dtype=torch.float64)
+    seconds = profile.round_seconds(depth, top)
     m = int(torch.argmax(expected.sum(0) / seconds)) + 1
     return m, expected[:, m - 1].tolist(), float(seconds[m - 1])
