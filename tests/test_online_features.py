@@ -81,15 +81,25 @@ def test_drafting_vocabulary_cross_entropy_is_the_full_one_over_its_rows():
     assert full.weight.shape == lm_head.weight.shape and full is not proj
 
 
-def test_a_fresh_clone_continues_from_the_committed_resume_state(token_corpus, tmp_path):
+@pytest.mark.parametrize("rows_in", ["gzip", "resume_json"])
+def test_a_fresh_clone_continues_from_the_committed_resume_state(rows_in, token_corpus, tmp_path):
     """No checkpoint.pt (never committed), but ``resume_dir``: the run goes on at the step, epoch, batch and
-    learning rate where the committed state was written, keeping its metrics rows; the weights are that
-    state's (bf16). Without the state it would start again at step 0."""
+    learning rate where the committed state was written, keeping its metrics rows (from ``metrics.jsonl.gz``,
+    or from ``resume.json``'s ``rows`` where an older trainer kept them); the weights are that state's (bf16).
+    Without the state it would start again at step 0."""
     target = tiny_target()
     cfg = head_cfg(epochs=4, autocast="off", checkpoint_every=3, resume_dir=str(tmp_path / "committed"))
     _, first = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=6)
-    assert first["partial"] and (tmp_path / "committed" / "resume.json").exists()
+    state_path, rows_path = tmp_path / "committed" / "resume.json", tmp_path / "committed" / "metrics.jsonl.gz"
+    assert first["partial"] and "rows" not in json.loads(state_path.read_text())
+    if rows_in == "resume_json":  # the layout of a state written before the rows were gzipped beside it
+        from eagle2.training.warm_state import warm_rows
+
+        state = json.loads(state_path.read_text())
+        state_path.write_text(json.dumps({**state, "rows": warm_rows(tmp_path / "committed", state)}))
+        rows_path.unlink()
     (tmp_path / "run" / "checkpoint.pt").unlink()  # a fresh clone has only what is committed
+    (tmp_path / "run" / "metrics.jsonl").unlink()
     ran = []
     head, summary = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=7,
                                on_step=lambda step, stats: ran.append(step))

@@ -74,6 +74,7 @@ def _committed(tmp_path, token_corpus) -> tuple[object, object, Path]:  # noqa: 
     ("no_fingerprint", "resume.json has no fingerprint: not a state this trainer wrote"),
     ("lfs_weights", "trainable.safetensors is a git-LFS pointer, not the file"),
     ("cut_weights", "trainable.safetensors is not a whole safetensors file"),
+    ("cut_rows", "metrics.jsonl.gz is not gzipped JSON lines"),
 ])
 def test_a_warm_state_that_cannot_be_read_is_one_line_naming_the_file(damage, message, tmp_path,
                                                                       token_corpus):  # noqa: F811
@@ -85,6 +86,8 @@ def test_a_warm_state_that_cannot_be_read_is_one_line_naming_the_file(damage, me
         (folder / "resume.json").write_text(json.dumps({k: v for k, v in state.items() if k != "fingerprint"}))
     elif damage == "lfs_weights":
         (folder / "trainable.safetensors").write_bytes(LFS)
+    elif damage == "cut_rows":
+        (folder / "metrics.jsonl.gz").write_bytes((folder / "metrics.jsonl.gz").read_bytes()[:-9])
     else:
         (folder / "trainable.safetensors").write_bytes((folder / "trainable.safetensors").read_bytes()[:64])
     with pytest.raises(WarmStateError, match=message) as before_loading:

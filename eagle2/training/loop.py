@@ -16,9 +16,10 @@ resumes only with the world size it was written with. One process is the world s
 A fresh clone has no ``checkpoint.pt`` (it is GBs of optimizer state for large heads, and never committed).
 With ``cfg.resume_dir`` set, every checkpoint also writes a small committed-size state there
 (``trainable.safetensors``: the trained weights in bf16; ``resume.json``: fingerprint, position, tokens,
-curve, the metrics rows, the weights' digest): a run that finds no checkpoint but that state continues from
-it at the same step, epoch and batch (a warm resume: the weights are bf16-rounded and AdamW's moments start
-again). A state promoted into the heads the run starts from commits ``resume.json`` alone (``warm_state``).
+curve, the weights' digest; ``metrics.jsonl.gz``: the metrics rows): a run that finds no checkpoint but that
+state continues from it at the same step, epoch and batch (a warm resume: the weights are bf16-rounded and
+AdamW's moments start again). A state promoted into the heads the run starts from commits ``resume.json`` and
+the rows alone (``warm_state``).
 
 Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
 bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
@@ -44,7 +45,7 @@ from eagle2.training import distributed
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
 from eagle2.training.losses import evaluate_loss
 from eagle2.training.models import trainable_state
-from eagle2.training.warm_state import load_warm_weights, read_warm_state, write_warm_state
+from eagle2.training.warm_state import load_warm_weights, read_warm_state, warm_rows, write_warm_state
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -228,7 +229,7 @@ class Trainer:
         self.saved_at = self.step
         if not distributed.is_main():
             return
-        (self.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in state.get("rows", [])))
+        (self.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm_rows(folder, state)))
         tqdm.write(f"[{self.desc}] warm-resumed from {folder} at step {self.step}/{self.total} "
                    "(fresh optimizer moments)")
 
@@ -242,7 +243,7 @@ class Trainer:
         rows = [json.loads(line) for line in lines if line.strip()]
         write_warm_state(folder, self.module, {
             "fingerprint": self.fingerprint, "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
-            "tokens_trained": self.tokens_trained, "curve": self.curve, "rows": rows})
+            "tokens_trained": self.tokens_trained, "curve": self.curve}, rows)
 
     def save(self) -> None:
         """Write ``checkpoint.pt`` (rank 0; every rank's RNG gathered into it when there are several)."""

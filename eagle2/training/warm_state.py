@@ -2,19 +2,21 @@
 checked from its files alone before anything resumes from it (``read_warm_state``), and put back into the
 module (``load_warm_weights``).
 
-The state is ``resume.json`` (fingerprint, position, tokens, curve, metrics rows and ``weights_sha256``, the
-digest of the bf16 weights) and ``trainable.safetensors`` (those weights). A run whose weights were promoted
-into the heads it starts from (``experiments.research.snapshot_heads --promote``) commits ``resume.json``
-alone: it resumes from its ``init_from`` heads once their digest matches. A state whose weights are
+The state is ``resume.json`` (fingerprint, position, tokens, curve and ``weights_sha256``, the digest of the
+bf16 weights), ``trainable.safetensors`` (those weights) and ``metrics.jsonl.gz`` (the run's metrics rows; a
+state written before it kept them in ``resume.json``'s ``rows``, still read). A run whose weights were promoted
+into the heads it starts from (``experiments.research.snapshot_heads --promote``) commits ``resume.json`` and
+its rows alone: it resumes from its ``init_from`` heads once their digest matches. A state whose weights are
 neither promoted nor in the tree resumes once ``trainable.safetensors`` is restored from the commit that holds
 it. The checks: ``resume.json`` whole JSON with every key the trainer writes, the weights present (or a digest
-to check them by) with a whole header, and no git-LFS pointer (what a clone made without git-lfs holds). Each
-problem is one ``WarmStateError`` line naming the file and what to do. Whether the state belongs to this run (its
-fingerprint) is the trainer's check, once the run's data is known.
+to check them by) with a whole header, the rows whole gzipped JSON lines, and no git-LFS pointer (what a clone
+made without git-lfs holds). Each problem is one ``WarmStateError`` line naming the file and what to do. Whether
+the state belongs to this run (its fingerprint) is the trainer's check, once the run's data is known.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -31,6 +33,7 @@ class WarmStateError(ValueError):
 
 
 WEIGHTS_FILE = "trainable.safetensors"
+ROWS_FILE = "metrics.jsonl.gz"
 WARM_STATE_KEYS = ("fingerprint", "step", "epoch", "batch", "tokens_trained", "curve")
 
 
@@ -41,8 +44,8 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
     state_path = Path(folder) / "resume.json" if folder else None
     if state_path is None or not state_path.exists():
         return None
-    weights = state_path.parent / WEIGHTS_FILE
-    for path in (state_path, weights):
+    weights, rows = state_path.parent / WEIGHTS_FILE, state_path.parent / ROWS_FILE
+    for path in (state_path, weights, rows):
         if path.is_file() and is_lfs_pointer(path):
             raise WarmStateError(f"{path} is a git-LFS pointer, not the file (the clone was made without git-lfs): "
                                  "run `git lfs install && git lfs pull`, or set resume_dir=null to start afresh")
@@ -55,6 +58,12 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
     if missing:
         raise WarmStateError(f"{state_path} has no {', '.join(missing)}: not a state this trainer wrote; delete "
                              f"{state_path.parent} or set resume_dir=null to start afresh")
+    if rows.is_file():
+        try:
+            warm_rows(state_path.parent, state)
+        except (OSError, EOFError, ValueError, UnicodeDecodeError) as exc:
+            raise WarmStateError(f"{rows} is not gzipped JSON lines ({type(exc).__name__}: {exc}); restore it "
+                                 "from the commit that holds it, or set resume_dir=null to start afresh") from None
     if not weights.is_file():
         if state.get("weights_sha256"):  # promoted into the init heads: the trainer checks them by the digest
             return state
@@ -65,6 +74,14 @@ def read_warm_state(folder: str | Path | None) -> dict | None:
     except ValueError as exc:
         raise WarmStateError(str(exc)) from None
     return state
+
+
+def warm_rows(folder: str | Path, state: dict) -> list[dict]:
+    """The metrics rows of the state in ``folder``: ``metrics.jsonl.gz``, else ``resume.json``'s ``rows``."""
+    path = Path(folder) / ROWS_FILE
+    if not path.is_file():
+        return list(state.get("rows", []))
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()]
 
 
 def warm_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,9 +100,9 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def write_warm_state(folder: str | Path, module: torch.nn.Module, state: dict) -> None:
-    """Write ``module``'s warm weights and ``state`` (with their digest, ``weights_sha256``) to ``folder``,
-    atomically per file."""
+def write_warm_state(folder: str | Path, module: torch.nn.Module, state: dict, rows: list[dict]) -> None:
+    """Write ``module``'s warm weights, the metrics ``rows`` (gzipped, byte-stable: no time stamp) and ``state``
+    (with the weights' digest, ``weights_sha256``) to ``folder``, atomically per file."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -93,6 +110,10 @@ def write_warm_state(folder: str | Path, module: torch.nn.Module, state: dict) -
     weights = warm_weights(module)
     save_file(weights, str(folder / f"{WEIGHTS_FILE}.tmp"))
     os.replace(folder / f"{WEIGHTS_FILE}.tmp", folder / WEIGHTS_FILE)
+    lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (folder / f"{ROWS_FILE}.tmp").write_bytes(gzip.compress(lines, compresslevel=9, mtime=0))
+    os.replace(folder / f"{ROWS_FILE}.tmp", folder / ROWS_FILE)
+    state = {k: v for k, v in state.items() if k != "rows"}
     (folder / "resume.json.tmp").write_text(json.dumps({**state, "weights_sha256": weights_digest(weights)}) + "\n")
     os.replace(folder / "resume.json.tmp", folder / "resume.json")
 

@@ -10,7 +10,7 @@ folder under ``--out/NAME``, stamped with the step and tokens in ``snapshot.json
 ``--promote`` writes each head into its ``--init`` folder instead, checks that the heads reloaded from there
 hold exactly the state's weights (their digest, ``warm_state.weights_digest``) and records the digest in the
 state's ``resume.json``: the state's weights then live in the heads the run starts from, so ``resume.json``
-alone is committed and the next sitting resumes from it (``warm_state.load_warm_weights``).
+and its rows alone are committed and the next sitting resumes from it (``warm_state.load_warm_weights``).
 
     python -m experiments.research.snapshot_heads --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head --out /tmp/step900
