@@ -3,7 +3,8 @@ against tokens trained, from the trainers' ``metrics.jsonl`` validation rows; fo
 
     python -m analysis.learning_curve RUN_DIR_OR_METRICS [...] --out curve.png
     python -m analysis.learning_curve "EAGLE head=LEG1,LEG2" --out curve.png --scaling-out scaling.png
-    python -m analysis.learning_curve "EAGLE-3=RUN@eagle3/top1" "EAGLE=RUN@head/top1" --out joint.png
+    python -m analysis.learning_curve "EAGLE-3=RUN@eagle3/top1" "EAGLE=RUN@head/top1" --out joint.png \
+        --tau artifacts/smollm2/joint_run/tau.jsonl
 
 A run given as ``LEG1,LEG2,...`` is one head trained in legs (each leg continued from the previous one's
 export): the legs' rows are joined, each leg's steps and tokens counted on from the previous leg's last
@@ -11,6 +12,10 @@ validation. ``--scaling-out`` plots each run's held-out top-1 at 1/4, 1/2 and al
 validation nearest each share) and prints them as a table: with less than one pass over the corpus every
 token trained was seen once, so the point at 1/4 is the head that saw 1/4 of the data (its learning rate not
 yet annealed there).
+
+``--tau LOG`` adds a third panel: MT-bench tau of the run's heads against the tokens trained, one line per
+method, from the rows ``experiments.research.tau_along_run`` logs (snapshots of the run), the heads the run
+started from drawn as dashed lines at their own tau.
 """
 
 from __future__ import annotations
@@ -108,9 +113,38 @@ def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1"
     return save_figure(fig, out, stamped)
 
 
-def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None) -> Path:
-    """One line per run: ``key`` against the step (left) and the tokens trained (right)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+TAU_METHODS = {"eagle3": "EAGLE-3", "eagle2": "EAGLE-2 (EAGLE head)"}
+
+
+def tau_log(path: str | Path) -> list[dict]:
+    """The rows of a ``tau_along_run`` log."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_tau(ax, rows: list[dict]) -> None:
+    """MT-bench tau of each method against the tokens trained (snapshots), the shipped heads dashed."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    snapshots = sorted((r for r in rows if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
+    for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
+        ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],
+                marker="s", color=color, label=label)
+        for r in (r for r in rows if r["heads"] == "shipped"):
+            ax.axhline(r[f"{method}_tau"], color=color, linestyle="--", linewidth=1)
+    first = rows[0]
+    ax.set_title(f"MT-bench tau ({first['questions']} q, {first['max_new_tokens']} tok, "
+                 f"{first['total_tokens']}-token tree); dashed: shipped heads", fontsize=8)
+    ax.set_xlabel("tokens trained (M)")
+    ax.legend(fontsize=8)
+
+
+def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None,
+                tau: list[dict] | None = None) -> Path:
+    """One line per run: ``key`` against the step (left) and the tokens trained (right); with ``tau`` (a
+    ``tau_along_run`` log), MT-bench tau against the tokens trained in a third panel."""
+    fig, axes = plt.subplots(1, 3 if tau else 2, figsize=(15 if tau else 10, 3.6))
+    axes[1].sharey(axes[0])
+    if tau:
+        plot_tau(axes[2], tau)
     for name, rows in runs.items():
         rows = [r for r in rows if key in r]
         axes[0].plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", label=name)
@@ -138,11 +172,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--key", default="top1")
     ap.add_argument("--scaling-out", help="also the data-scaling figure (1/4, 1/2, all of the tokens) here")
+    ap.add_argument("--tau", help="a tau_along_run log: MT-bench tau against the tokens trained, a third panel")
     args = ap.parse_args()
     named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
     runs = {name: run_rows(legs, args.key) for name, legs in named}
     stamped = stamp_text([leg for _, legs in named for leg in legs.split("@")[0].split(",")])
-    out = plot_curves(runs, args.out, args.key, stamped)
+    out = plot_curves(runs, args.out, args.key, stamped, tau_log(args.tau) if args.tau else None)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
     if args.scaling_out:
         print(f"| run | share of tokens | tokens trained | held-out {args.key} |\n|---|---|---|---|")

@@ -120,3 +120,38 @@ def test_a_joint_run_draws_each_head_by_its_field(tmp_path):
     assert [r["top1"] for r in run_rows(f"{tmp_path}@eagle3/top1", "top1")] == [0.31, 0.32]
     assert [r["top1"] for r in run_rows(f"{tmp_path}@head/top1", "top1")] == [0.4, 0.4]
     assert all("top1" not in r for r in run_rows(str(tmp_path), "top1"))
+
+
+def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_path):
+    """``tau_along_run`` averages each method's turns (and pools their tokens over their forwards); the curve's
+    third panel draws the snapshots' tau against the tokens trained, the shipped heads as dashed lines."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from analysis.learning_curve import plot_tau
+    from experiments.research.tau_along_run import tau_by_method
+
+    common = {"status": "ok", "model": "smollm2", "dataset": "mt_bench", "temperature": 0.0, "config_hash": "c"}
+    rows = [{**common, "method": "eagle3", "question_id": 1, "turn": t, "tau": tau, "accept_lengths": acc,
+             "target_forwards": len(acc)} for t, tau, acc in ((0, 2.0, [2, 2]), (1, 1.5, [1, 2]))]
+    rows.append({**common, "method": "eagle2", "question_id": 1, "turn": 0, "tau": 3.0, "accept_lengths": [3],
+                 "target_forwards": 1})
+    (tmp_path / "mt_bench").mkdir()
+    (tmp_path / "mt_bench" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    taus = tau_by_method(tmp_path)
+    assert taus["eagle3"] == {"turns": 2, "tau": 1.75, "tau_pooled": 1.75}
+    assert taus["eagle2"] == {"turns": 1, "tau": 3.0, "tau_pooled": 3.0}
+
+    protocol = {"questions": 10, "max_new_tokens": 128, "total_tokens": 16}
+    log = [{"heads": "shipped", "tokens_trained": None, "eagle3_tau": 1.7, "eagle2_tau": 2.0, **protocol},
+           {"heads": "snapshot", "tokens_trained": 3e6, "eagle3_tau": 1.9, "eagle2_tau": 2.1, **protocol},
+           {"heads": "snapshot", "tokens_trained": 2e6, "eagle3_tau": 1.8, "eagle2_tau": 1.9, **protocol}]
+    fig, ax = plt.subplots()
+    plot_tau(ax, log)
+    solid = [line for line in ax.lines if line.get_linestyle() == "-"]
+    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert [list(line.get_xdata()) for line in solid] == [[2.0, 3.0], [2.0, 3.0]]  # ordered by tokens trained
+    assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
+    assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
+    plt.close(fig)

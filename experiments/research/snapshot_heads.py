@@ -34,10 +34,12 @@ from eagle2.training.warm_state import WEIGHTS_FILE, weights_digest
 from experiments.bench.bench_engine import smollm2
 
 
-def snapshot(state: Path, prefix: str, init: Path, target, folder: Path) -> Path:
+def snapshot(state: Path, prefix: str, init: Path, target, folder: Path, stored: dict | None = None) -> Path:
     """Save the head whose weights carry ``prefix`` in the resume ``state`` (``heads.eagle3.`` in a joint run's,
-    ``""`` in a one-head run's), initialised like ``init``, as the head folder ``folder``."""
-    weights = {k[len(prefix):]: v for k, v in load_file(str(state / WEIGHTS_FILE)).items() if k.startswith(prefix)}
+    ``""`` in a one-head run's), initialised like ``init``, as the head folder ``folder`` (``stored``: the
+    state's weights when the caller has loaded them already)."""
+    stored = load_file(str(state / WEIGHTS_FILE)) if stored is None else stored
+    weights = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)}
     if not weights:
         raise SystemExit(f"{state}: no weights under {prefix!r}")
     head = _load(init, target)
@@ -61,7 +63,7 @@ def promote(state: Path, inits: dict[str, Path], target) -> str:
     reloaded from there hold exactly the state's weights, and record their digest in ``resume.json``."""
     stored = load_file(str(state / WEIGHTS_FILE))
     for prefix, folder in inits.items():
-        snapshot(state, prefix, folder, target, folder)
+        snapshot(state, prefix, folder, target, folder, stored)
     reloaded = {}
     for prefix, folder in inits.items():
         own = _load(folder, target).state_dict()

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 from analysis.results_page import git_commit
 from eagle2.core.cpu import cpu_kind
 from eagle2.results.frames import load_rows
@@ -51,8 +53,6 @@ def state_at_commit(state: Path, commit: str, folder: Path) -> Path:
 def frozen_state(state: Path, folder: Path, tries: int = 3) -> Path:
     """A copy of the live ``state`` in ``folder`` whose weights are the ones its ``resume.json`` names (a
     running trainer rewrites both at every checkpoint: a copy taken across a rewrite is taken again)."""
-    from safetensors.torch import load_file
-
     folder.mkdir(parents=True, exist_ok=True)
     for _ in range(tries):
         for name in ("resume.json", WEIGHTS_FILE):
@@ -129,7 +129,8 @@ def main() -> None:
                      else frozen_state(args.state, work / "state"))
             position = json.loads((state / "resume.json").read_text())
             _, target, _ = smollm2("float32", "stock")
-            heads = {name: snapshot(state, f"heads.{name}.", folder, target, work / name)
+            stored = load_file(str(state / WEIGHTS_FILE))
+            heads = {name: snapshot(state, f"heads.{name}.", folder, target, work / name, stored)
                      for name, folder in inits.items()}
             label = "snapshot"
         row = log_row(label, position, measure(heads, work, args.limit, args.max_new, args.budget), args)
