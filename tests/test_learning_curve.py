@@ -155,3 +155,36 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
     assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
     plt.close(fig)
+
+
+def test_a_run_killed_inside_a_validation_takes_it_when_resumed(target, corpus, tmp_path, monkeypatch):  # noqa: F811
+    """The checkpoint of a validation step is written before its validation: a kill in between leaves a
+    checkpoint without that point of the curve. The resumed run validates that step first, so its curve and
+    rows are the uninterrupted run's."""
+    import json
+
+    import pytest
+
+    from eagle2.training.loop import Trainer
+
+    cfg = head_cfg(epochs=2, val_every=2)
+    _, ref = train_head(target, corpus, cfg, tmp_path / "ref")
+    real = Trainer.validate
+
+    def killed_at_step_4(self):
+        if self.step == 4:
+            raise KeyboardInterrupt  # the kill lands inside step 4's validation
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "validate", killed_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(target, corpus, cfg, tmp_path / "cut")
+    monkeypatch.setattr(Trainer, "validate", real)
+    _, resumed = train_head(target, corpus, cfg, tmp_path / "cut")
+
+    def val_steps(run):
+        return [r["step"] for r in map(json.loads, (tmp_path / run / "metrics.jsonl").read_text().splitlines())
+                if r["split"] == "val"]
+
+    assert len(ref["curve"]) >= 3 and resumed["curve"] == ref["curve"]
+    assert val_steps("cut") == val_steps("ref")

@@ -4,7 +4,8 @@ AdamW, warmup + cosine LR, batches under a token budget (``data.make_batches``: 
 epoch drawn from the seed), gradient clipping, and one checkpoint file (``checkpoint.pt``: weights,
 optimizer, scheduler, position in the data, RNG) replaced atomically every ``checkpoint_every`` steps
 and at every epoch end. A rerun with the same ``out_dir`` resumes from it and reproduces an
-uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice.
+uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice, and a
+validation step whose checkpoint was written but whose validation was killed is validated first.
 
 Several processes (``torchrun``, ``eagle2.training.distributed``): each step takes the next ``world_size``
 batches of the epoch's plan, rank r the r-th (``step_groups``), so the global batch of a step is their
@@ -100,6 +101,8 @@ class WorldSizeMismatch(ValueError):
 class NullLog:
     """The metrics log of ranks other than 0: writes nothing."""
 
+    validated: frozenset = frozenset()
+
     def write(self, record: dict) -> None:
         pass
 
@@ -112,9 +115,10 @@ class MetricsLog:
     was killed between checkpoints) are dropped, since those steps are redone."""
 
     def __init__(self, path: Path, upto_step: int):
-        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-                if line.strip() and json.loads(line)["step"] <= upto_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = [json.loads(line) for line in (path.read_text().splitlines() if path.exists() else []) if line.strip()]
+        kept = [row for row in kept if row["step"] <= upto_step]
+        path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self.validated = {row["step"] for row in kept if row.get("split") == "val"}
         self.file = path.open("a")
 
     def write(self, record: dict) -> None:
@@ -316,6 +320,13 @@ class Trainer:
         tokens_seen, t0 = 0, time.time()
         stopped = flat = False
         last_stats: dict = {}
+        # a run killed between a step's checkpoint and that step's validation takes the validation now
+        missed = bool(cfg.val_every) and self.step > 0 and self.step % cfg.val_every == 0
+        missed = missed and self.step not in self.log.validated
+        if self.world > 1:
+            missed = distributed.all_gather_objects(missed)[0]  # rank 0's log decides for every rank
+        if missed:
+            flat = stopped = self.validate_flat()
         while self.step < self.total and not stopped:
             batches = self.plan[self.epoch]
             while self.batch_idx < len(batches) and self.step < self.total:
