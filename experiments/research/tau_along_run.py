@@ -83,9 +83,8 @@ def tau_by_method(results: Path) -> dict[str, dict]:
     return out
 
 
-def measure(heads: dict[str, Path], work: Path, limit: int, max_new: int, budget: int) -> dict[str, dict]:
-    """Decode with ``heads`` into ``work/results`` and return ``tau_by_method``."""
-    results = work / "results"
+def measure(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int) -> dict[str, dict]:
+    """Decode with ``heads`` into ``results`` and return ``tau_by_method``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     done = subprocess.run(decode_command(heads, results, limit, max_new, budget), cwd=ROOT, env=env)
     if done.returncode:
@@ -113,6 +112,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--keep", type=Path, help="keep the decode's result rows here (default: a temporary folder)")
     args = ap.parse_args()
     inits = {name: Path(folder) for name, _, folder in (item.partition("=") for item in args.init)}
     if set(inits) != set(METHODS.values()):
@@ -133,7 +133,8 @@ def main() -> None:
             heads = {name: snapshot(state, f"heads.{name}.", folder, target, work / name, stored)
                      for name, folder in inits.items()}
             label = "snapshot"
-        row = log_row(label, position, measure(heads, work, args.limit, args.max_new, args.budget), args)
+        results = args.keep or work / "results"
+        row = log_row(label, position, measure(heads, results, args.limit, args.max_new, args.budget), args)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         f.write(json.dumps(row) + "\n")
