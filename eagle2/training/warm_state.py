@@ -113,7 +113,6 @@ def write_warm_state(folder: str | Path, module: torch.nn.Module, state: dict, r
     lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
     (folder / f"{ROWS_FILE}.tmp").write_bytes(gzip.compress(lines, compresslevel=9, mtime=0))
     os.replace(folder / f"{ROWS_FILE}.tmp", folder / ROWS_FILE)
-    state = {k: v for k, v in state.items() if k != "rows"}
     (folder / "resume.json.tmp").write_text(json.dumps({**state, "weights_sha256": weights_digest(weights)}) + "\n")
     os.replace(folder / "resume.json.tmp", folder / "resume.json")
 
