@@ -15,7 +15,7 @@ yet annealed there).
 
 ``--tau LOG`` adds a third panel: MT-bench tau of the run's heads against the tokens trained, one line per
 method, from the rows ``experiments.research.tau_along_run`` logs (snapshots of the run), the heads the run
-started from drawn as dashed lines at their own tau.
+started from drawn as dashed lines at their own tau; the log is printed as a table.
 """
 
 from __future__ import annotations
@@ -121,6 +121,18 @@ def tau_log(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def tau_table(rows: list[dict]) -> str:
+    """A ``tau_along_run`` log as a markdown table (each method's mean tau over the turns, pooled beside it)."""
+    lines = ["| heads | step | tokens trained | EAGLE-3 tau (pooled) | EAGLE-2 tau, EAGLE head (pooled) |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        step = "" if r.get("step") is None else f"{r['step']:,}"
+        tokens = "" if r.get("tokens_trained") is None else f"{r['tokens_trained'] / 1e6:.2f}M"
+        taus = " | ".join(f"{r[f'{m}_tau']:.2f} ({r[f'{m}_tau_pooled']:.2f})" for m in TAU_METHODS)
+        lines.append(f"| {r['heads']} | {step} | {tokens} | {taus} |")
+    return "\n".join(lines)
+
+
 def plot_tau(ax, rows: list[dict]) -> None:
     """MT-bench tau of each method against the tokens trained (snapshots), the shipped heads dashed."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -177,8 +189,11 @@ def main() -> None:
     named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
     runs = {name: run_rows(legs, args.key) for name, legs in named}
     stamped = stamp_text([leg for _, legs in named for leg in legs.split("@")[0].split(",")])
-    out = plot_curves(runs, args.out, args.key, stamped, tau_log(args.tau) if args.tau else None)
+    tau = tau_log(args.tau) if args.tau else None
+    out = plot_curves(runs, args.out, args.key, stamped, tau)
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
+    if tau:
+        print(tau_table(tau))
     if args.scaling_out:
         print(f"| run | share of tokens | tokens trained | held-out {args.key} |\n|---|---|---|---|")
         for name, rows in runs.items():

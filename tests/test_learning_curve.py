@@ -129,7 +129,7 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
 
     import matplotlib.pyplot as plt
 
-    from analysis.learning_curve import plot_tau
+    from analysis.learning_curve import plot_tau, tau_table
     from experiments.research.tau_along_run import tau_by_method
 
     common = {"status": "ok", "model": "smollm2", "dataset": "mt_bench", "temperature": 0.0, "config_hash": "c"}
@@ -155,6 +155,8 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
     assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
     plt.close(fig)
+    pooled = [{**r, "step": 7, "eagle3_tau_pooled": r["eagle3_tau"], "eagle2_tau_pooled": 2.05} for r in log]
+    assert tau_table(pooled).splitlines()[3] == "| snapshot | 7 | 3.00M | 1.90 (1.90) | 2.10 (2.05) |"
 
 
 def test_a_run_killed_inside_a_validation_takes_it_when_resumed(target, corpus, tmp_path, monkeypatch):  # noqa: F811
