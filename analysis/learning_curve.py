@@ -122,20 +122,29 @@ def tau_log(path: str | Path) -> list[dict]:
 
 
 def tau_table(rows: list[dict]) -> str:
-    """A ``tau_along_run`` log as a markdown table (each method's mean tau over the turns, pooled beside it)."""
-    lines = ["| heads | step | tokens trained | EAGLE-3 tau (pooled) | EAGLE-2 tau, EAGLE head (pooled) |",
-             "|---|---:|---:|---:|---:|"]
+    """A ``tau_along_run`` log as a markdown table: each method's mean tau over the turns (+- its standard
+    error, where logged), the pooled tau in brackets."""
+    lines = ["| heads | step | tokens trained | questions | EAGLE-3 tau (pooled) | EAGLE-2 tau, EAGLE head (pooled) |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         step = "" if r.get("step") is None else f"{r['step']:,}"
         tokens = "" if r.get("tokens_trained") is None else f"{r['tokens_trained'] / 1e6:.2f}M"
-        taus = " | ".join(f"{r[f'{m}_tau']:.2f} ({r[f'{m}_tau_pooled']:.2f})" for m in TAU_METHODS)
-        lines.append(f"| {r['heads']} | {step} | {tokens} | {taus} |")
+        taus = " | ".join(f"{r[f'{m}_tau']:.2f}" + (f" +- {r[f'{m}_tau_sem']:.2f}" if r.get(f"{m}_tau_sem") else "")
+                          + f" ({r[f'{m}_tau_pooled']:.2f})" for m in TAU_METHODS)
+        lines.append(f"| {r['heads']} | {step} | {tokens} | {r['questions']} | {taus} |")
     return "\n".join(lines)
 
 
+def protocol(row: dict) -> tuple:
+    """What a ``tau_along_run`` row measured over: questions, new tokens, tree size."""
+    return row["questions"], row["max_new_tokens"], row["total_tokens"]
+
+
 def plot_tau(ax, rows: list[dict]) -> None:
-    """MT-bench tau of each method against the tokens trained (snapshots), the shipped heads dashed."""
+    """MT-bench tau of each method against the tokens trained (snapshots), the shipped heads dashed; the rows
+    measured as the log's first was."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    rows = [r for r in rows if protocol(r) == protocol(rows[0])]  # one protocol a panel: the log's first
     snapshots = sorted((r for r in rows if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
     for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
         ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],

@@ -140,13 +140,15 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     (tmp_path / "mt_bench").mkdir()
     (tmp_path / "mt_bench" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     taus = tau_by_method(tmp_path)
-    assert taus["eagle3"] == {"turns": 2, "tau": 1.75, "tau_pooled": 1.75}
-    assert taus["eagle2"] == {"turns": 1, "tau": 3.0, "tau_pooled": 3.0}
+    assert taus["eagle3"] == {"turns": 2, "tau": 1.75, "tau_sem": 0.25, "tau_pooled": 1.75}
+    assert taus["eagle2"] == {"turns": 1, "tau": 3.0, "tau_sem": None, "tau_pooled": 3.0}
 
     protocol = {"questions": 10, "max_new_tokens": 128, "total_tokens": 16}
     log = [{"heads": "shipped", "tokens_trained": None, "eagle3_tau": 1.7, "eagle2_tau": 2.0, **protocol},
            {"heads": "snapshot", "tokens_trained": 3e6, "eagle3_tau": 1.9, "eagle2_tau": 2.1, **protocol},
-           {"heads": "snapshot", "tokens_trained": 2e6, "eagle3_tau": 1.8, "eagle2_tau": 1.9, **protocol}]
+           {"heads": "snapshot", "tokens_trained": 2e6, "eagle3_tau": 1.8, "eagle2_tau": 1.9, **protocol},
+           {"heads": "snapshot", "tokens_trained": 4e6, "eagle3_tau": 9.0, "eagle2_tau": 9.0,
+            **protocol, "questions": 40}]  # another protocol: in the table, not in the panel
     fig, ax = plt.subplots()
     plot_tau(ax, log)
     solid = [line for line in ax.lines if line.get_linestyle() == "-"]
@@ -155,8 +157,10 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
     assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
     plt.close(fig)
-    pooled = [{**r, "step": 7, "eagle3_tau_pooled": r["eagle3_tau"], "eagle2_tau_pooled": 2.05} for r in log]
-    assert tau_table(pooled).splitlines()[3] == "| snapshot | 7 | 3.00M | 1.90 (1.90) | 2.10 (2.05) |"
+    pooled = [{**r, "step": 7, "eagle3_tau_pooled": r["eagle3_tau"], "eagle2_tau_pooled": 2.05, "eagle3_tau_sem": 0.1}
+              for r in log]
+    table = tau_table(pooled).splitlines()
+    assert table[3] == "| snapshot | 7 | 3.00M | 10 | 1.90 +- 0.10 (1.90) | 2.10 (2.05) |" and len(table) == 6
 
 
 def test_a_run_killed_inside_a_validation_takes_it_when_resumed(target, corpus, tmp_path, monkeypatch):  # noqa: F811

@@ -5,10 +5,10 @@ A measurement snapshots the run's two heads from its resume state (``snapshot_he
 ``--state`` folder, or ``--from-commit SHA``: the state as that commit holds it, weights included), decodes the
 first ``--limit`` MT-bench questions (both turns) with EAGLE-3 and with EAGLE-2 on the EAGLE head, through
 ``run.py`` at temperature 0 with a fixed ``--budget``-token tree (so tau compares the heads, not the budget
-rule), and appends to ``--log``: the state's step and tokens, each method's tau (the mean of the turns' tau, and
-pooled: all decode tokens over all target forwards), the protocol, the CPU kind and the commit. ``--shipped``
-measures the ``--init`` heads themselves (no state). tau counts tokens per target forward, so it does not
-depend on the machine's load: a measurement can run beside the training it follows.
+rule), and appends to ``--log``: the state's step and tokens, each method's tau (the mean of the turns' tau
+with its standard error, and pooled: all decode tokens over all target forwards), the protocol, the CPU kind
+and the commit. ``--shipped`` measures the ``--init`` heads themselves (no state). tau counts tokens per target
+forward, so it does not depend on the machine's load: a measurement can run beside the training it follows.
 
     python -m experiments.research.tau_along_run --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head \\
@@ -72,13 +72,15 @@ def decode_command(heads: dict[str, Path], results: Path, limit: int, max_new: i
 
 
 def tau_by_method(results: Path) -> dict[str, dict]:
-    """Per method under ``results``: its turns, the mean of their tau and the pooled tau."""
+    """Per method under ``results``: its turns, the mean of their tau (with its standard error over the
+    turns) and the pooled tau."""
     rows = load_rows(results)
     if rows.empty:
         raise SystemExit(f"{results}: the decode wrote no rows")
     out = {}
     for method, group in rows.groupby("method"):
         out[method] = {"turns": len(group), "tau": round(float(group.tau.mean()), 4),
+                       "tau_sem": round(float(group.tau.std() / len(group) ** 0.5), 4) if len(group) > 1 else None,
                        "tau_pooled": round(float(group.decode_tokens.sum() / group.target_forwards.sum()), 4)}
     return out
 
