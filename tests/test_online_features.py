@@ -135,7 +135,12 @@ def test_a_state_promoted_into_the_init_heads_resumes_from_resume_json_alone(tok
     head, _ = train_head(target, token_corpus, cfg, tmp_path / "run", stop_after=6)
     (tmp_path / "run" / "checkpoint.pt").unlink()
     heads = save_head(head, tmp_path / "heads")  # the folder init_from names; promote overwrites its weights
+    (heads / "training.json").write_text(json.dumps({"kind": "head", "target": "tiny", "recipe": {"lr": 1}}))
+    (heads / "eval.json").write_text("{}")  # measured the weights promote replaces
     digest = promote(committed, {"": heads}, target)
+    card = json.loads((heads / "training.json").read_text())
+    assert card["promoted_from"]["step"] == 6 and card["promoted_from"]["weights_sha256"] == digest
+    assert card["continued_from"]["recipe"] == {"lr": 1} and not (heads / "eval.json").exists()
     stored = load_file(str(committed / "trainable.safetensors"))
     (committed / "trainable.safetensors").unlink()  # what a clone holds: resume.json and the promoted heads
     assert read_warm_state(committed)["weights_sha256"] == digest

@@ -9,8 +9,10 @@ folder under ``--out/NAME``, stamped with the step and tokens in ``snapshot.json
 
 ``--promote`` writes each head into its ``--init`` folder instead, checks that the heads reloaded from there
 hold exactly the state's weights (their digest, ``warm_state.weights_digest``) and records the digest in the
-state's ``resume.json``: the state's weights then live in the heads the run starts from, so ``resume.json``
-and its rows alone are committed and the next sitting resumes from it (``warm_state.load_warm_weights``).
+state's ``resume.json``; each head's ``training.json`` then names the state, step and tokens its weights come
+from (the card of the head it replaced kept inside it), and its stale ``eval.json`` goes. The state's weights
+then live in the heads the run starts from, so ``resume.json`` and its rows alone are committed and the next
+sitting resumes from it (``warm_state.load_warm_weights``).
 
     python -m experiments.research.snapshot_heads --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head --out /tmp/step900
@@ -22,6 +24,7 @@ and its rows alone are committed and the next sitting resumes from it (``warm_st
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -30,8 +33,10 @@ from safetensors.torch import load_file
 
 from eagle2.heads.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
 from eagle2.heads.eagle_head import load_head, save_head
-from eagle2.training.warm_state import WEIGHTS_FILE, weights_digest
+from eagle2.training.warm_state import ROWS_FILE, WEIGHTS_FILE, weights_digest
 from experiments.bench.bench_engine import smollm2
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def snapshot(state: Path, prefix: str, init: Path, target, folder: Path, stored: dict | None = None) -> Path:
@@ -72,8 +77,35 @@ def promote(state: Path, inits: dict[str, Path], target) -> str:
     if set(reloaded) != set(stored) or weights_digest(reloaded) != digest:
         raise SystemExit(f"{state}: the promoted heads do not reload as the state's weights; nothing recorded")
     position = json.loads((state / "resume.json").read_text())
+    for folder in inits.values():
+        write_card(folder, state, position, digest)
     (state / "resume.json").write_text(json.dumps({**position, "weights_sha256": digest}) + "\n")
     return digest
+
+
+def write_card(folder: Path, state: Path, position: dict, digest: str) -> None:
+    """Rewrite ``folder``'s ``training.json`` for its promoted weights: where they come from (the state, its
+    step and tokens, the weights' digest), the card of the head they were trained from kept under
+    ``continued_from``. The head's ``eval.json`` measured the weights it replaces: it is removed (the eval
+    stage writes it again)."""
+    card = folder / "training.json"
+    previous = json.loads(card.read_text()) if card.is_file() else None
+    kind = (previous or {}).get("kind", "eagle3" if _is_eagle3(folder) else "head")
+    card.write_text(json.dumps({
+        "kind": kind, "target": (previous or {}).get("target"),
+        "promoted_from": {"state": _shown(state), "step": position["step"], "epoch": position["epoch"],
+                          "tokens_trained": position["tokens_trained"], "weights_sha256": digest,
+                          "rows": _shown(state / ROWS_FILE), "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}"},
+        "continued_from": previous}, indent=2, default=str))
+    (folder / "eval.json").unlink(missing_ok=True)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (a card names files of the checkout)."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _load(folder: Path, target):
