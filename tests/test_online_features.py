@@ -141,6 +141,7 @@ def test_a_state_promoted_into_the_init_heads_resumes_from_resume_json_alone(tok
     card = json.loads((heads / "training.json").read_text())
     assert card["promoted_from"]["step"] == 6 and card["promoted_from"]["weights_sha256"] == digest
     assert card["continued_from"]["recipe"] == {"lr": 1} and not (heads / "eval.json").exists()
+    assert not (heads / "snapshot.json").exists()  # (a snapshot's stamp, not a promoted head's)
     stored = load_file(str(committed / "trainable.safetensors"))
     (committed / "trainable.safetensors").unlink()  # what a clone holds: resume.json and the promoted heads
     assert read_warm_state(committed)["weights_sha256"] == digest

@@ -56,6 +56,8 @@ def snapshot(state: Path, prefix: str, init: Path, target, folder: Path, stored:
         for key, value in weights.items():
             own[key].copy_(value.to(own[key].dtype))
     (save_eagle3_head if isinstance(head, Eagle3Head) else save_head)(head, folder, dtype=torch.bfloat16)
+    if Path(folder).resolve() == Path(init).resolve():  # promoted: its training.json says where it comes from
+        return folder
     position = json.loads((state / "resume.json").read_text())
     (folder / "snapshot.json").write_text(json.dumps(
         {"state": str(state), "step": position["step"], "tokens_trained": position["tokens_trained"],
