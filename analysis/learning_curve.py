@@ -141,8 +141,8 @@ def protocol(row: dict) -> tuple:
 
 
 def plot_tau(ax, rows: list[dict]) -> None:
-    """MT-bench tau of each method against the tokens trained (snapshots), the shipped heads dashed; the rows
-    measured as the log's first was."""
+    """MT-bench tau of each method against the tokens trained (snapshots), the heads the run started from
+    dashed; the rows measured as the log's first was."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     rows = [r for r in rows if protocol(r) == protocol(rows[0])]  # one protocol a panel: the log's first
     snapshots = sorted((r for r in rows if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
@@ -153,7 +153,7 @@ def plot_tau(ax, rows: list[dict]) -> None:
             ax.axhline(r[f"{method}_tau"], color=color, linestyle="--", linewidth=1)
     first = rows[0]
     ax.set_title(f"MT-bench tau ({first['questions']} q, {first['max_new_tokens']} tok, "
-                 f"{first['total_tokens']}-token tree); dashed: shipped heads", fontsize=8)
+                 f"{first['total_tokens']}-token tree); dashed: the heads it started from", fontsize=8)
     ax.set_xlabel("tokens trained (M)")
     ax.legend(fontsize=8)
 
