@@ -130,6 +130,7 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     import matplotlib.pyplot as plt
 
     from analysis.learning_curve import plot_tau, tau_table
+    from eagle2.results.frames import load_rows
     from experiments.research.tau_along_run import tau_by_method
 
     common = {"status": "ok", "model": "smollm2", "dataset": "mt_bench", "temperature": 0.0, "config_hash": "c"}
@@ -139,7 +140,7 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
                  "target_forwards": 1})
     (tmp_path / "mt_bench").mkdir()
     (tmp_path / "mt_bench" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    taus = tau_by_method(tmp_path)
+    taus = tau_by_method(load_rows(tmp_path))
     assert taus["eagle3"] == {"turns": 2, "tau": 1.75, "tau_sem": 0.25, "tau_pooled": 1.75}
     assert taus["eagle2"] == {"turns": 1, "tau": 3.0, "tau_sem": None, "tau_pooled": 3.0}
 

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 from safetensors.torch import load_file
 
 from analysis.results_page import git_commit
@@ -71,12 +72,9 @@ def decode_command(heads: dict[str, Path], results: Path, limit: int, max_new: i
             f"max_new_tokens={max_new}", "temperature=0.0", "threads=1", f"paths.results={results}"]
 
 
-def tau_by_method(results: Path) -> dict[str, dict]:
-    """Per method under ``results``: its turns, the mean of their tau (with its standard error over the
+def tau_by_method(rows: pd.DataFrame) -> dict[str, dict]:
+    """Per method of the result ``rows``: its turns, the mean of their tau (with its standard error over the
     turns) and the pooled tau."""
-    rows = load_rows(results)
-    if rows.empty:
-        raise SystemExit(f"{results}: the decode wrote no rows")
     out = {}
     for method, group in rows.groupby("method"):
         out[method] = {"turns": len(group), "tau": round(float(group.tau.mean()), 4),
@@ -85,21 +83,25 @@ def tau_by_method(results: Path) -> dict[str, dict]:
     return out
 
 
-def measure(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int) -> dict[str, dict]:
-    """Decode with ``heads`` into ``results`` and return ``tau_by_method``."""
+def measure(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int) -> tuple[dict, str]:
+    """Decode with ``heads`` into ``results``; ``tau_by_method`` of the rows, and the dtype they decoded in
+    (the model's per-CPU choice)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     done = subprocess.run(decode_command(heads, results, limit, max_new, budget), cwd=ROOT, env=env)
     if done.returncode:
         raise SystemExit(f"run.py exited {done.returncode}")
-    return tau_by_method(results)
+    rows = load_rows(results)
+    if rows.empty:
+        raise SystemExit(f"{results}: the decode wrote no rows")
+    return tau_by_method(rows), ",".join(sorted(rows.dtype.unique()))
 
 
-def log_row(label: str, position: dict, taus: dict[str, dict], args: argparse.Namespace) -> dict:
+def log_row(label: str, position: dict, taus: dict[str, dict], dtype: str, args: argparse.Namespace) -> dict:
     """The log's row: what was measured, where the run was, each method's tau, the protocol and the machine."""
     return {"heads": label, "step": position.get("step"), "tokens_trained": position.get("tokens_trained"),
             **{f"{m}_{k}": v for m, stats in taus.items() for k, v in stats.items()},
             "dataset": "mt_bench", "questions": args.limit, "max_new_tokens": args.max_new,
-            "total_tokens": args.budget, "dtype": "bfloat16", "cpu_kind": cpu_kind(),
+            "total_tokens": args.budget, "dtype": dtype, "cpu_kind": cpu_kind(),
             "state_commit": args.from_commit, "commit": git_commit(ROOT),
             "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}"}
 
@@ -136,7 +138,7 @@ def main() -> None:
                      for name, folder in inits.items()}
             label = "snapshot"
         results = args.keep or work / "results"
-        row = log_row(label, position, measure(heads, results, args.limit, args.max_new, args.budget), args)
+        row = log_row(label, position, *measure(heads, results, args.limit, args.max_new, args.budget), args)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         f.write(json.dumps(row) + "\n")
