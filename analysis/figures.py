@@ -1,4 +1,5 @@
-"""Paper-style figures from the metrics frames, each saved as PNG and PDF at paper size.
+"""Paper-style figures from the metrics frames, each saved as PNG (a palette PNG: ``analysis.png``) and PDF at
+paper size.
 
 - ``speedup_bars``: speedup over plain per benchmark and method (EAGLE-2 paper Fig. 1 style);
 - ``calibration_diagram``: draft confidence against acceptance rate, with the y = x line and the node
@@ -21,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.png import save_png  # noqa: E402
 from analysis.tables import in_table_order, title  # noqa: E402
 from eagle2.registry import display_name  # noqa: E402
 
@@ -33,8 +35,8 @@ PAPER_STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend
 def save(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    for path in paths:
-        fig.savefig(path)
+    save_png(fig, paths[0])
+    fig.savefig(paths[1])
     plt.close(fig)
     return paths
 

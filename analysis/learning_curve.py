@@ -30,6 +30,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analysis.png import save_png  # noqa: E402
+
 
 def metrics_rows(source: str | Path, split: str) -> list[dict]:
     """The ``split`` rows (``val`` or ``train``) of a run's ``metrics.jsonl`` (a run folder or the file itself;
@@ -72,7 +74,7 @@ def save_figure(figure, out: str | Path, stamped: str | None = None) -> Path:
         figure.text(0.99, 0.005, stamped, ha="right", va="bottom", fontsize=6, color="gray")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=130)
+    save_png(figure, out, dpi=130)
     plt.close(figure)
     return out
 

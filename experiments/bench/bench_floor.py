@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from analysis.png import save_png
 from analysis.results_page import cpu_description, git_commit
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.clock import device_clock
@@ -190,7 +191,7 @@ def _write_page(args, summary, curves, floor, load_before, load_after, model) ->
     ax.set_title(f"SmolLM2 {args.dtype}, {kind}, {torch.get_num_threads()} threads")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / f"{kind}.png", dpi=110)
+    save_png(fig, out / f"{kind}.png", dpi=110)
     command = "python -m experiments.bench.bench_floor " + " ".join(sys.argv[1:])
     stamp = [f"- **Commit**: `{git_commit()}`", f"- **Date**: {dt.date.today().isoformat()}",
              f"- **Machine**: CPU kind {kind}; {cpu_description()}; {torch.get_num_threads()} threads",
