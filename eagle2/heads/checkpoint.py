@@ -61,6 +61,21 @@ def load_weight_file(path: str | Path) -> dict[str, torch.Tensor]:
                               "is damaged or was cut short: download or save it again") from None
 
 
+def read_token_ids(path: str | Path) -> torch.Tensor:
+    """The ``token_ids`` of a draft-vocabulary file, as int64 whatever width they were stored in."""
+    return load_weight_file(path)["token_ids"].long()
+
+
+def write_token_ids(token_ids: torch.Tensor, path: str | Path) -> None:
+    """Store ``token_ids`` as a draft-vocabulary file (``token_ids``), int32: every vocabulary fits, and the
+    file is half the bytes of int64 (the heads are tracked under a size budget)."""
+    from safetensors.torch import save_file
+
+    if token_ids.numel() and int(token_ids.max()) >= 2**31:
+        raise ValueError(f"token id {int(token_ids.max())} does not fit a draft-vocabulary file (int32)")
+    save_file({"token_ids": token_ids.to(torch.int32).contiguous()}, str(path))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__

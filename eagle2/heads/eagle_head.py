@@ -37,9 +37,10 @@ from eagle2.heads.checkpoint import (
     check_state,
     checkpoint_folder,
     drop_rotary_buffers,
-    load_weight_file,
+    read_token_ids,
     read_weights,
     shared_or_own_embedding,
+    write_token_ids,
 )
 from eagle2.heads.kinds import WeightKind
 
@@ -137,7 +138,7 @@ def load_head(location: str | Path, target) -> EagleHead:
     head.rotary_emb = LlamaRotaryEmbedding(config)  # computed from the config, never stored
     head.attach_embedding(shared_or_own_embedding(what, embed, target))
     if (folder / DRAFT_VOCAB_FILE).is_file():
-        head.draft_vocab = load_weight_file(folder / DRAFT_VOCAB_FILE)["token_ids"].long()
+        head.draft_vocab = read_token_ids(folder / DRAFT_VOCAB_FILE)
     return cast_like_target(head, target).eval()
 
 
@@ -155,7 +156,7 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = N
              if "rotary" not in k}
     save_file(state, str(folder / "model.safetensors"))
     if head.draft_vocab is not None:
-        save_file({"token_ids": head.draft_vocab.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
+        write_token_ids(head.draft_vocab, folder / DRAFT_VOCAB_FILE)
     return folder
 
 

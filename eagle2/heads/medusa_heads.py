@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file
+from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file, read_token_ids, write_token_ids
 from eagle2.heads.kinds import WeightKind
 
 log = logging.getLogger(__name__)
@@ -215,14 +215,12 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, dtype: torch.dtype
 def read_draft_vocab(folder: Path) -> torch.Tensor | None:
     """The token ids of ``draft_vocab.safetensors`` in ``folder`` (None when there is none)."""
     path = folder / DRAFT_VOCAB_FILE
-    return load_weight_file(path)["token_ids"].long() if path.is_file() else None
+    return read_token_ids(path) if path.is_file() else None
 
 
 def write_draft_vocab(token_ids: torch.Tensor | None, folder: Path) -> None:
-    from safetensors.torch import save_file
-
     if token_ids is not None:
-        save_file({"token_ids": token_ids.to(torch.int64).contiguous()}, str(folder / DRAFT_VOCAB_FILE))
+        write_token_ids(token_ids, folder / DRAFT_VOCAB_FILE)
 
 
 WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads, files=WEIGHT_FILES)

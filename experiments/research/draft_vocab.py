@@ -21,8 +21,8 @@ import argparse
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from eagle2.heads.checkpoint import read_token_ids, write_token_ids
 from eagle2.heads.eagle_head import DRAFT_VOCAB_FILE
 from eagle2.training.data import answer_token_counts, tokens_by_frequency
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
                         (args.corpus, "python train_head.py stage=features")):
         if not any(folder.glob("shard_*.safetensors")):
             raise SystemExit(f"no corpus shards in {folder}: build them with `{how}`")
-    head = load_file(str(args.head / DRAFT_VOCAB_FILE))["token_ids"].long()
+    head = read_token_ids(args.head / DRAFT_VOCAB_FILE)
     corpus = tokens_by_frequency(args.corpus, limit=1 << 20)
     longer = extended(head, corpus)
     counts = answer_token_counts(args.heldout).double()
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     for size in SIZES:
         print(f"| {size} | " + " | ".join(f"{coverage(v[:size], counts):.4f}" for v in vocabs.values()) + " |")
     if args.write:
-        save_file({"token_ids": longer.contiguous()}, str(args.head / DRAFT_VOCAB_FILE))
+        write_token_ids(longer, args.head / DRAFT_VOCAB_FILE)
         print(f"wrote {len(longer)} ids to {args.head / DRAFT_VOCAB_FILE}")
 
 
