@@ -16,6 +16,10 @@ yet annealed there).
 ``--tau LOG`` adds a third panel: MT-bench tau of the run's heads against the tokens trained, one line per
 method, from the rows ``experiments.research.tau_along_run`` logs (snapshots of the run), the heads the run
 started from drawn as dashed lines at their own tau; the log is printed as a table.
+
+``--trend K`` prints each run's data-scaling trend (``analysis.trend``: a line of the held-out value against
+log2 of the tokens over its last K validations): its gain per doubling of the tokens and over the next 4M
+tokens (the flat rule's window), with ``--project TOKENS`` its value there and ``--goal V`` the tokens it needs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.png import save_png  # noqa: E402
+from analysis.trend import trend_table  # noqa: E402
 
 
 def metrics_rows(source: str | Path, split: str) -> list[dict]:
@@ -196,6 +201,9 @@ def main() -> None:
     ap.add_argument("--key", default="top1")
     ap.add_argument("--scaling-out", help="also the data-scaling figure (1/4, 1/2, all of the tokens) here")
     ap.add_argument("--tau", help="a tau_along_run log: MT-bench tau against the tokens trained, a third panel")
+    ap.add_argument("--trend", type=int, metavar="K", help="print each run's trend over its last K validations")
+    ap.add_argument("--project", type=float, metavar="TOKENS", help="with --trend: the trend's value at TOKENS")
+    ap.add_argument("--goal", type=float, help="with --trend: the tokens at which the trend reaches GOAL")
     args = ap.parse_args()
     named = [str(r).split("=", 1) if "=" in str(r) else [str(r), str(r)] for r in args.runs]
     runs = {name: run_rows(legs, args.key) for name, legs in named}
@@ -205,6 +213,8 @@ def main() -> None:
     print(f"[learning_curve] {sum(len(v) for v in runs.values())} validations -> {out}")
     if tau:
         print(tau_table(tau))
+    if args.trend:
+        print(trend_table(runs, args.key, args.trend, args.project, args.goal))
     if args.scaling_out:
         print(f"| run | share of tokens | tokens trained | held-out {args.key} |\n|---|---|---|---|")
         for name, rows in runs.items():
