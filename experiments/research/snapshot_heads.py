@@ -12,7 +12,8 @@ hold exactly the state's weights (their digest, ``warm_state.weights_digest``) a
 state's ``resume.json``; each head's ``training.json`` then names the state, step and tokens its weights come
 from (the card of the head it replaced kept inside it), and its stale ``eval.json`` goes. The state's weights
 then live in the heads the run starts from, so ``resume.json`` and its rows alone are committed and the next
-sitting resumes from it (``warm_state.load_warm_weights``).
+sitting resumes from it (``warm_state.load_warm_weights``). ``--init`` for some of the state's heads promotes
+those alone (one head measured better, the other not): the state's weights must then be kept to resume.
 
     python -m experiments.research.snapshot_heads --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head --out /tmp/step900
@@ -67,21 +68,26 @@ def snapshot(state: Path, prefix: str, init: Path, target, folder: Path, stored:
 
 def promote(state: Path, inits: dict[str, Path], target) -> str:
     """Write each head of ``state`` into its ``inits`` folder (``{prefix: folder}``), check that the heads
-    reloaded from there hold exactly the state's weights, and record their digest in ``resume.json``."""
+    reloaded from there hold exactly the state's weights, and record their digest in ``resume.json``. With
+    ``inits`` naming only some of the state's heads, those alone are promoted (their cards carry the digest of
+    their weights alone) and ``resume.json`` is left as it is: the other heads' weights are not in the heads
+    the run starts from, so resuming still needs the state's ``trainable.safetensors``."""
     stored = load_file(str(state / WEIGHTS_FILE))
+    promoted = {k: v for k, v in stored.items() if k.startswith(tuple(inits))}
     for prefix, folder in inits.items():
         snapshot(state, prefix, folder, target, folder, stored)
     reloaded = {}
     for prefix, folder in inits.items():
         own = _load(folder, target).state_dict()
-        reloaded |= {prefix + k: own[k].to(torch.bfloat16) for k in own if prefix + k in stored}
-    digest = weights_digest(stored)
-    if set(reloaded) != set(stored) or weights_digest(reloaded) != digest:
+        reloaded |= {prefix + k: own[k].to(torch.bfloat16) for k in own if prefix + k in promoted}
+    digest = weights_digest(promoted)
+    if set(reloaded) != set(promoted) or weights_digest({k: reloaded[k] for k in promoted}) != digest:
         raise SystemExit(f"{state}: the promoted heads do not reload as the state's weights; nothing recorded")
     position = json.loads((state / "resume.json").read_text())
     for folder in inits.values():
         write_card(folder, state, position, digest)
-    (state / "resume.json").write_text(json.dumps({**position, "weights_sha256": digest}) + "\n")
+    if len(promoted) == len(stored):
+        (state / "resume.json").write_text(json.dumps({**position, "weights_sha256": digest}) + "\n")
     return digest
 
 
@@ -130,8 +136,8 @@ def main() -> None:
     _, target, _ = smollm2("float32", "stock")
     inits = {f"heads.{name}.": Path(folder) for name, _, folder in (item.partition("=") for item in args.init)}
     if args.promote:
-        print(f"{args.state}: promoted into {', '.join(map(str, inits.values()))}; weights sha256 "
-              f"{promote(args.state, inits, target)}")
+        digest = promote(args.state, inits, target)
+        print(f"{args.state}: promoted into {', '.join(map(str, inits.values()))}; weights sha256 {digest}")
         return
     for prefix, folder in inits.items():
         print(snapshot(args.state, prefix, folder, target, args.out / prefix.split(".")[1]))
