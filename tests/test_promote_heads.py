@@ -20,11 +20,10 @@ from tests.conftest import tiny_eagle3_head, tiny_head, tiny_llama
 def joint_state(tmp_path):
     """Two head folders a joint run started from, and a state whose weights are theirs nudged."""
     target = tiny_llama(vocab=64, layers=6, hidden=32)
-    folders = {"heads.head.": save_head(tiny_head(target, seed=1), tmp_path / "eagle_head"),
-               "heads.eagle3.": save_eagle3_head(tiny_eagle3_head(target, seed=2, draft_vocab_size=40),
-                                                 tmp_path / "eagle3_head")}
-    heads = {"heads.head.": tiny_head(target, seed=1), "heads.eagle3.": tiny_eagle3_head(target, seed=2,
-                                                                                     draft_vocab_size=40)}
+    heads = {"heads.head.": tiny_head(target, seed=1),
+             "heads.eagle3.": tiny_eagle3_head(target, seed=2, draft_vocab_size=40)}
+    folders = {"heads.head.": save_head(heads["heads.head."], tmp_path / "eagle_head"),
+               "heads.eagle3.": save_eagle3_head(heads["heads.eagle3."], tmp_path / "eagle3_head")}
     stored = {prefix + k: (v.float() + 0.25).to(torch.bfloat16) for prefix, head in heads.items()
               for k, v in head.named_parameters()}
     state = tmp_path / "state"

@@ -16,7 +16,6 @@ of its ``draft_vocab.safetensors`` (all tokens when unset).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -58,10 +57,6 @@ def head_vocabulary(folder: Path, method_config: dict) -> set[int] | None:
     return set(read_token_ids(folder / DRAFT_VOCAB_FILE)[: int(size)].tolist())
 
 
-def as_list(value) -> list[int]:
-    return json.loads(value) if isinstance(value, str) else list(value)
-
-
 def vocab_end_table(rows, heads: dict[str, Path]) -> str:
     """Per method whose drafter weights are among ``heads`` (weights key -> folder): rounds, tau, and the shares
     of rounds ending, and of output tokens lying, outside the head's vocabulary."""
@@ -78,8 +73,8 @@ def vocab_end_table(rows, heads: dict[str, Path]) -> str:
                              f"({digest}): point --head at the folder they were decoded with")
         vocab = head_vocabulary(heads[key], group.iloc[0]["method_config"])
         ends = [t for ids, lengths in zip(group.output_ids, group.accept_lengths)
-                for t in round_endings(as_list(ids), as_list(lengths))]
-        tokens = [t for ids in group.output_ids for t in as_list(ids)]
+                for t in round_endings(list(ids), list(lengths))]
+        tokens = [t for ids in group.output_ids for t in ids]
         tau = group.new_tokens.sum() / group.target_forwards.sum()
         lines.append(f"| {method} | {key} | {len(group)} | {len(ends)} | {tau:.2f} | "
                      f"{outside(ends, vocab) / len(ends):.3f} | {outside(tokens, vocab) / len(tokens):.3f} |")

@@ -26,6 +26,7 @@ import torch
 from eagle2.heads.checkpoint import read_token_ids
 from eagle2.heads.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
 from eagle2.heads.eagle_head import DRAFT_VOCAB_FILE
+from experiments.research.draft_vocab import extended
 
 
 def added_tokens(held: torch.Tensor, order: torch.Tensor, size: int) -> torch.Tensor:
@@ -33,11 +34,10 @@ def added_tokens(held: torch.Tensor, order: torch.Tensor, size: int) -> torch.Te
     need = size - len(held)
     if need < 0:
         raise ValueError(f"the head already drafts over {len(held)} tokens, more than --size {size}")
-    have = set(held.tolist())
-    new = [t for t in order.tolist() if t not in have][:need]
+    new = extended(held, order)[len(held):][:need]
     if len(new) < need:
         raise ValueError(f"the order file adds only {len(new)} new tokens of the {need} needed")
-    return torch.tensor(new, dtype=torch.long)
+    return new.long()
 
 
 def row_drift(trained: torch.Tensor, start: torch.Tensor) -> dict[str, float]:
