@@ -195,3 +195,18 @@ def test_a_run_killed_inside_a_validation_takes_it_when_resumed(target, corpus, 
 
     assert len(ref["curve"]) >= 3 and resumed["curve"] == ref["curve"]
     assert val_steps("cut") == val_steps("ref")
+
+
+def test_tau_along_run_in_parallel_decodes_each_method_once_in_its_own_process(tmp_path):
+    """``--parallel`` splits the multirun into one ``run.py`` a method, with the same settings; without it,
+    one ``run.py`` decodes both."""
+    from experiments.research.tau_along_run import METHODS, decode_commands
+
+    heads = {"eagle3": tmp_path / "e3", "head": tmp_path / "e2"}
+    one = decode_commands(heads, tmp_path / "r", 40, 128, 16)
+    split = decode_commands(heads, tmp_path / "r", 40, 128, 16, parallel=True)
+    assert len(one) == 1 and f"method={','.join(METHODS)}" in one[0]
+    assert sorted(arg for command in split for arg in command if arg.startswith("method=")) == \
+        sorted(f"method={m}" for m in METHODS)
+    settings = [{arg for arg in command if not arg.startswith("method=")} for command in one + split]
+    assert settings[0] == settings[1] == settings[2]

@@ -8,7 +8,8 @@ first ``--limit`` MT-bench questions (both turns) with EAGLE-3 and with EAGLE-2 
 rule), and appends to ``--log``: the state's step and tokens, each method's tau (the mean of the turns' tau
 with its standard error, and pooled: all decode tokens over all target forwards), the protocol, the CPU kind
 and the commit. ``--shipped`` measures the ``--init`` heads themselves (no state). tau counts tokens per target
-forward, so it does not depend on the machine's load: a measurement can run beside the training it follows.
+forward, so it does not depend on the machine's load: a measurement can run beside the training it follows,
+and ``--parallel`` decodes the two methods in two processes at once.
 
     python -m experiments.research.tau_along_run --state artifacts/smollm2/train_state/joint \\
         --init eagle3=artifacts/smollm2/eagle3_head --init head=artifacts/smollm2/eagle_head \\
@@ -64,12 +65,16 @@ def frozen_state(state: Path, folder: Path, tries: int = 3) -> Path:
     raise SystemExit(f"{state}: its weights kept changing under the copy ({tries} tries)")
 
 
-def decode_command(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int) -> list[str]:
-    """``run.py``'s multirun over the two methods with the given head folders."""
-    return [sys.executable, str(ROOT / "run.py"), "-m", f"method={','.join(METHODS)}",
-            f"model.eagle3_head={heads['eagle3']}", f"model.head={heads['head']}",
-            f"model.eagle2.total_tokens={budget}", "dataset=mt_bench", f"dataset.limit={limit}",
-            f"max_new_tokens={max_new}", "temperature=0.0", "threads=1", f"paths.results={results}"]
+def decode_commands(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int,
+                    parallel: bool = False) -> list[list[str]]:
+    """``run.py``'s multirun over the two methods with the given head folders: one command, or with
+    ``parallel`` one command a method (each on one thread; the rows go to separate files either way)."""
+    groups = [[m] for m in METHODS] if parallel else [list(METHODS)]
+    return [[sys.executable, str(ROOT / "run.py"), "-m", f"method={','.join(group)}",
+             f"model.eagle3_head={heads['eagle3']}", f"model.head={heads['head']}",
+             f"model.eagle2.total_tokens={budget}", "dataset=mt_bench", f"dataset.limit={limit}",
+             f"max_new_tokens={max_new}", "temperature=0.0", "threads=1", f"paths.results={results}"]
+            for group in groups]
 
 
 def tau_by_method(rows: pd.DataFrame) -> dict[str, dict]:
@@ -83,13 +88,16 @@ def tau_by_method(rows: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def measure(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int) -> tuple[dict, str]:
+def measure(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int,
+            parallel: bool = False) -> tuple[dict, str]:
     """Decode with ``heads`` into ``results``; ``tau_by_method`` of the rows, and the dtype they decoded in
     (the model's per-CPU choice)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    done = subprocess.run(decode_command(heads, results, limit, max_new, budget), cwd=ROOT, env=env)
-    if done.returncode:
-        raise SystemExit(f"run.py exited {done.returncode}")
+    running = [subprocess.Popen(command, cwd=ROOT, env=env)
+               for command in decode_commands(heads, results, limit, max_new, budget, parallel)]
+    codes = [process.wait() for process in running]
+    if any(codes):
+        raise SystemExit(f"run.py exited {max(codes)}")
     rows = load_rows(results)
     if rows.empty:
         raise SystemExit(f"{results}: the decode wrote no rows")
@@ -116,6 +124,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--parallel", action="store_true", help="decode the two methods in two processes at once")
     ap.add_argument("--keep", type=Path, help="keep the decode's result rows here (default: a temporary folder)")
     args = ap.parse_args()
     inits = {name: Path(folder) for name, _, folder in (item.partition("=") for item in args.init)}
@@ -138,7 +147,8 @@ def main() -> None:
                      for name, folder in inits.items()}
             label = "snapshot"
         results = args.keep or work / "results"
-        row = log_row(label, position, *measure(heads, results, args.limit, args.max_new, args.budget), args)
+        row = log_row(label, position, *measure(heads, results, args.limit, args.max_new, args.budget, args.parallel),
+                      args)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         f.write(json.dumps(row) + "\n")
