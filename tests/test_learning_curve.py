@@ -1,5 +1,6 @@
 """The learning curve of head training: val rows carry the tokens trained and passes over the corpus, the
-flat-curve stop (``curve_flat``: ``stop_when_flat`` validations in a row gaining < ``flat_gain``) ends a run
+flat-curve stop (``curve_flat``: the best of the last ``stop_when_flat`` validations gained < ``flat_gain`` on
+the best before them) ends a run
 and survives a resume, and ``analysis.learning_curve`` draws the rows."""
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ def test_curve_flat_by_hand():
     assert not curve_flat([0.1, 0.3, 0.302, 0.301, 0.31], evals=3, min_gain=0.005)  # the last one gained 0.008
     assert not curve_flat([0.3, 0.3, 0.3], evals=3, min_gain=0.005)  # needs evals + 1 validations
     assert not curve_flat([0.3, 0.3, 0.3, 0.3], evals=0, min_gain=0.005)  # 0 = never stop
+
+
+def test_a_curve_rising_slowly_at_every_validation_is_not_flat():
+    """The joint run's EAGLE-3 curve, steps 2,500-3,600: each validation gained < 0.005 on the best before it,
+    but the window of 10 (~4M tokens) gained 0.023: not flat (a rule over single validations stopped it)."""
+    curve = [0.4296, 0.4352, 0.4351, 0.4383, 0.4429, 0.4429, 0.4470, 0.4507, 0.4518, 0.4524, 0.4555, 0.4586]
+    assert all(curve[i] - max(curve[:i]) < 0.005 for i in range(2, len(curve)))  # each step of it is small
+    assert not curve_flat(curve, evals=10, min_gain=0.005)
+    assert curve_flat(curve[:2] + [0.4352 + 0.0004 * i for i in range(10)], evals=10, min_gain=0.005)
 
 
 def test_flat_curve_stops_training_and_the_rows_draw(target, corpus, tmp_path):  # noqa: F811

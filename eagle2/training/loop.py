@@ -75,11 +75,12 @@ def autocast_dtype(setting: str | None, device: torch.device) -> torch.dtype | N
 
 
 def curve_flat(values: list[float], evals: int, min_gain: float) -> bool:
-    """Whether a held-out curve has flattened: each of its last ``evals`` values gained less than
-    ``min_gain`` over the best value before it (so at least ``evals + 1`` values are needed)."""
+    """Whether a held-out curve has flattened: over its last ``evals`` values its best gained less than
+    ``min_gain`` on its best before them (so at least ``evals + 1`` values are needed). A curve that
+    keeps rising by less than ``min_gain`` a validation is not flat: its gain is counted over the window."""
     if evals < 1 or len(values) <= evals:
         return False
-    return all(values[i] - max(values[:i]) < min_gain for i in range(len(values) - evals, len(values)))
+    return max(values[-evals:]) - max(values[:-evals]) < min_gain
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -372,8 +373,8 @@ class Trainer:
 
     def validate_flat(self) -> bool:
         """Validate (once per step: an epoch end on a ``val_every`` step validates once), then whether the
-        held-out curve has flattened: ``cfg.stop_when_flat`` validations in a row (0 = never) each gaining
-        < ``cfg.flat_gain`` top-1 (``curve_flat``), which ends training."""
+        held-out curve has flattened: over its last ``cfg.stop_when_flat`` validations (0 = never) its best
+        gained < ``cfg.flat_gain`` top-1 (``curve_flat``), which ends training."""
         if self.validated_at != self.step:
             self.validate()
             self.validated_at = self.step
