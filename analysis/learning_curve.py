@@ -147,22 +147,27 @@ def protocol(row: dict) -> tuple:
     return row["questions"], row["max_new_tokens"], row["total_tokens"]
 
 
+TAU_STYLES = (("-", "--", "s"), (":", "-.", "D"), ("-.", ":", "^"))  # a protocol's: snapshots, shipped, marker
+
+
 def plot_tau(ax, rows: list[dict]) -> None:
-    """MT-bench tau of each method against the tokens trained (snapshots), the heads the run started from
-    dashed; the rows measured as the log's first was."""
+    """MT-bench tau of each method against the tokens trained (snapshots), the heads the run started from as
+    horizontal lines; one line style a protocol (questions, new tokens, tree), the log's first solid and dashed."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    rows = [r for r in rows if protocol(r) == protocol(rows[0])]  # one protocol a panel: the log's first
-    snapshots = sorted((r for r in rows if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
-    for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
-        ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],
-                marker="s", color=color, label=label)
-        for r in (r for r in rows if r["heads"] == "shipped"):
-            ax.axhline(r[f"{method}_tau"], color=color, linestyle="--", linewidth=1)
+    protocols = list(dict.fromkeys(protocol(r) for r in rows))[:len(TAU_STYLES)]
+    for (line, shipped_line, marker), proto in zip(TAU_STYLES, protocols):
+        measured = [r for r in rows if protocol(r) == proto]
+        snapshots = sorted((r for r in measured if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
+        for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
+            ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],
+                    marker=marker, linestyle=line, color=color, label=f"{label}, {proto[0]} q")
+            for r in (r for r in measured if r["heads"] == "shipped"):
+                ax.axhline(r[f"{method}_tau"], color=color, linestyle=shipped_line, linewidth=1)
     first = rows[0]
-    ax.set_title(f"MT-bench tau ({first['questions']} q, {first['max_new_tokens']} tok, "
-                 f"{first['total_tokens']}-token tree); dashed: the heads it started from", fontsize=8)
+    ax.set_title(f"MT-bench tau ({first['max_new_tokens']} tok, {first['total_tokens']}-token tree); "
+                 "horizontal: the heads it started from", fontsize=8)
     ax.set_xlabel("tokens trained (M)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
 
 
 def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None,

@@ -158,15 +158,17 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     log = [{"heads": "shipped", "tokens_trained": None, "eagle3_tau": 1.7, "eagle2_tau": 2.0, **protocol},
            {"heads": "snapshot", "tokens_trained": 3e6, "eagle3_tau": 1.9, "eagle2_tau": 2.1, **protocol},
            {"heads": "snapshot", "tokens_trained": 2e6, "eagle3_tau": 1.8, "eagle2_tau": 1.9, **protocol},
-           {"heads": "snapshot", "tokens_trained": 4e6, "eagle3_tau": 9.0, "eagle2_tau": 9.0,
-            **protocol, "questions": 40}]  # another protocol: in the table, not in the panel
+           {"heads": "snapshot", "tokens_trained": 4e6, "eagle3_tau": 9.0, "eagle2_tau": 8.0,
+            **protocol, "questions": 40}]  # another protocol: its own line style
     fig, ax = plt.subplots()
     plot_tau(ax, log)
     solid = [line for line in ax.lines if line.get_linestyle() == "-"]
     dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    dotted = [line for line in ax.lines if line.get_linestyle() == ":"]
     assert [list(line.get_xdata()) for line in solid] == [[2.0, 3.0], [2.0, 3.0]]  # ordered by tokens trained
     assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
     assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
+    assert [list(line.get_ydata()) for line in dotted] == [[9.0], [8.0]]  # the 40 questions, not mixed in
     plt.close(fig)
     pooled = [{**r, "step": 7, "eagle3_tau_pooled": r["eagle3_tau"], "eagle2_tau_pooled": 2.05, "eagle3_tau_sem": 0.1}
               for r in log]
