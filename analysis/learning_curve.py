@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -152,20 +153,22 @@ TAU_STYLES = (("-", "--", "s"), (":", "-.", "D"), ("-.", ":", "^"))  # a protoco
 
 def plot_tau(ax, rows: list[dict]) -> None:
     """MT-bench tau of each method against the tokens trained (snapshots), the heads the run started from as
-    horizontal lines; one line style a protocol (questions, new tokens, tree), the log's first solid and dashed."""
+    horizontal lines; one line style a protocol (questions, new tokens, tree), the log's first solid and dashed
+    (styles repeat past the third). What every protocol shares goes in the title, the rest in the legend."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    protocols = list(dict.fromkeys(protocol(r) for r in rows))[:len(TAU_STYLES)]
-    for (line, shipped_line, marker), proto in zip(TAU_STYLES, protocols):
+    protocols = list(dict.fromkeys(protocol(r) for r in rows))
+    shared = {(p[1], p[2]) for p in protocols}
+    for (line, shipped_line, marker), proto in zip(itertools.cycle(TAU_STYLES), protocols):
         measured = [r for r in rows if protocol(r) == proto]
         snapshots = sorted((r for r in measured if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
+        detail = f"{proto[0]} q" if len(shared) == 1 else f"{proto[0]} q, {proto[1]} tok, {proto[2]}-token tree"
         for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
             ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],
-                    marker=marker, linestyle=line, color=color, label=f"{label}, {proto[0]} q")
+                    marker=marker, linestyle=line, color=color, label=f"{label}, {detail}")
             for r in (r for r in measured if r["heads"] == "shipped"):
                 ax.axhline(r[f"{method}_tau"], color=color, linestyle=shipped_line, linewidth=1)
-    first = rows[0]
-    ax.set_title(f"MT-bench tau ({first['max_new_tokens']} tok, {first['total_tokens']}-token tree); "
-                 "horizontal: the heads it started from", fontsize=8)
+    common = "" if len(shared) > 1 else " ({} tok, {}-token tree)".format(*shared.pop())
+    ax.set_title(f"MT-bench tau{common}; horizontal: the heads it started from", fontsize=8)
     ax.set_xlabel("tokens trained (M)")
     ax.legend(fontsize=7)
 

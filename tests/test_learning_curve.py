@@ -169,6 +169,13 @@ def test_tau_along_a_run_is_a_third_panel_and_the_turns_average_per_method(tmp_p
     assert [list(line.get_ydata()) for line in solid] == [[1.8, 1.9], [1.9, 2.1]]
     assert sorted(line.get_ydata()[0] for line in dashed) == [1.7, 2.0]
     assert [list(line.get_ydata()) for line in dotted] == [[9.0], [8.0]]  # the 40 questions, not mixed in
+    assert "128 tok, 16-token tree" in ax.get_title()  # shared by both protocols
+    plt.close(fig)
+    fig, ax = plt.subplots()  # a protocol with another tree: the title cannot name one tree, the legend does
+    plot_tau(ax, [*log, {**log[1], "total_tokens": 60}, {**log[1], "questions": 80}, {**log[1], "questions": 5}])
+    labels = [line.get_label() for line in ax.lines]
+    assert "tree" not in ax.get_title() and "EAGLE-3, 10 q, 128 tok, 60-token tree" in labels
+    assert sum(label.startswith("EAGLE-3") for label in labels) == 5  # past the third style, none dropped
     plt.close(fig)
     pooled = [{**r, "step": 7, "eagle3_tau_pooled": r["eagle3_tau"], "eagle2_tau_pooled": 2.05, "eagle3_tau_sem": 0.1}
               for r in log]
