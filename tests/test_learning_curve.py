@@ -227,5 +227,8 @@ def test_tau_along_run_in_parallel_decodes_each_method_once_in_its_own_process(t
     assert len(one) == 1 and f"method={','.join(METHODS)}" in one[0]
     assert sorted(arg for command in split for arg in command if arg.startswith("method=")) == \
         sorted(f"method={m}" for m in METHODS)
-    settings = [{arg for arg in command if not arg.startswith("method=")} for command in one + split]
+    settings = [{arg for arg in command if not arg.startswith(("method=", "hydra.sweep.dir="))}
+                for command in one + split]
     assert settings[0] == settings[1] == settings[2]
+    sweeps = {arg for command in split for arg in command if arg.startswith("hydra.sweep.dir=")}
+    assert len(sweeps) == len(split)  # two processes started in the same second: not one sweep folder

@@ -68,9 +68,11 @@ def frozen_state(state: Path, folder: Path, tries: int = 3) -> Path:
 def decode_commands(heads: dict[str, Path], results: Path, limit: int, max_new: int, budget: int,
                     parallel: bool = False) -> list[list[str]]:
     """``run.py``'s multirun over the two methods with the given head folders: one command, or with
-    ``parallel`` one command a method (each on one thread; the rows go to separate files either way)."""
+    ``parallel`` one command a method (each on one thread; the rows go to separate files either way, and
+    each command's Hydra sweep to its own folder under ``results``)."""
     groups = [[m] for m in METHODS] if parallel else [list(METHODS)]
     return [[sys.executable, str(ROOT / "run.py"), "-m", f"method={','.join(group)}",
+             f"hydra.sweep.dir={results / 'sweeps' / '-'.join(group)}",
              f"model.eagle3_head={heads['eagle3']}", f"model.head={heads['head']}",
              f"model.eagle2.total_tokens={budget}", "dataset=mt_bench", f"dataset.limit={limit}",
              f"max_new_tokens={max_new}", "temperature=0.0", "threads=1", f"paths.results={results}"]
