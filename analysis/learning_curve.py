@@ -156,10 +156,11 @@ def plot_tau(ax, rows: list[dict]) -> None:
     horizontal lines; one line style a protocol (questions, new tokens, tree), the log's first solid and dashed
     (styles repeat past the third). What every protocol shares goes in the title, the rest in the legend."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    protocols = list(dict.fromkeys(protocol(r) for r in rows))
-    shared = {(p[1], p[2]) for p in protocols}
-    for (line, shipped_line, marker), proto in zip(itertools.cycle(TAU_STYLES), protocols):
-        measured = [r for r in rows if protocol(r) == proto]
+    by_protocol: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_protocol.setdefault(protocol(r), []).append(r)
+    shared = {(p[1], p[2]) for p in by_protocol}
+    for (line, shipped_line, marker), (proto, measured) in zip(itertools.cycle(TAU_STYLES), by_protocol.items()):
         snapshots = sorted((r for r in measured if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
         detail = f"{proto[0]} q" if len(shared) == 1 else f"{proto[0]} q, {proto[1]} tok, {proto[2]}-token tree"
         for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
@@ -167,7 +168,7 @@ def plot_tau(ax, rows: list[dict]) -> None:
                     marker=marker, linestyle=line, color=color, label=f"{label}, {detail}")
             for r in (r for r in measured if r["heads"] == "shipped"):
                 ax.axhline(r[f"{method}_tau"], color=color, linestyle=shipped_line, linewidth=1)
-    common = "" if len(shared) > 1 else " ({} tok, {}-token tree)".format(*shared.pop())
+    common = "" if len(shared) > 1 else " ({} tok, {}-token tree)".format(*next(iter(shared)))
     ax.set_title(f"MT-bench tau{common}; horizontal: the heads it started from", fontsize=8)
     ax.set_xlabel("tokens trained (M)")
     ax.legend(fontsize=7)
