@@ -25,11 +25,11 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from eagle2.bench.models import load_target
-    from eagle2.training import distributed
     from eagle2.training.loop import WorldSizeMismatch
     from eagle2.training.preflight import check_inputs
     from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
-    from eagle2.training.warm_state import WarmStateError
+    from eagle2.training.support import distributed
+    from eagle2.training.support.warm_state import WarmStateError
 
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
     try:  # an unknown stage, or a stage's missing or unreadable input: one line, before the target loads

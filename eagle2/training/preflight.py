@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from eagle2.training.objectives import objectives
-from eagle2.training.warm_state import read_warm_state
+from eagle2.training.support.warm_state import read_warm_state
 
 CORPUS_PATTERNS = ("shard_*.safetensors", "tokens_*.npz")  # feature shards, or token shards (online features)
 

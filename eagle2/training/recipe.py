@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle2.training import distributed
 from eagle2.training.objectives import objectives
+from eagle2.training.support import distributed
 
 OBJECTIVES = objectives()
 STAGES = ("corpus", *(o.stage for o in OBJECTIVES.values() if o.order is not None), "eval")
@@ -114,8 +114,8 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     from omegaconf import OmegaConf
 
     from eagle2.training.data import all_sequences, load_sequences, split_shards
-    from eagle2.training.evaluate import write_eval_json
-    from eagle2.training.heldout import mtbench
+    from eagle2.training.evaluation.evaluate import write_eval_json
+    from eagle2.training.evaluation.heldout import mtbench
 
     ev, export = cfg.train.eval, cfg.train.export
     kinds = tuple(kinds or ev.kinds)

@@ -3,7 +3,7 @@
     python -m experiments.ops.build_datastore --corpus chat   # ShareGPT's token shards if built, else the shipped
     python -m experiments.ops.build_datastore --corpus code   # data/train/code_alpaca_2k.json.gz, model's tokenizer
 
-The corpora are ``eagle2.training.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
+The corpora are ``eagle2.training.support.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
 ``artifacts/work/rest/smollm2-chat.npz``). An existing datastore is kept unless ``--rebuild``.
 """
 
@@ -13,7 +13,13 @@ import argparse
 from pathlib import Path
 
 from eagle2.prompts.questions import PROJECT_ROOT
-from eagle2.training.datastore import SHAREGPT_SHARDS, SHIPPED_SHARDS, build_datastore, chat_entries, code_entries
+from eagle2.training.support.datastore import (
+    SHAREGPT_SHARDS,
+    SHIPPED_SHARDS,
+    build_datastore,
+    chat_entries,
+    code_entries,
+)
 
 
 def default_out(model: str, corpus: str) -> Path:

@@ -27,9 +27,9 @@ import torch
 from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
-from eagle2.training.agreement import accepted_lengths, chain_summary
 from eagle2.training.data import Sequence, evenly_spaced
-from eagle2.training.losses import evaluate_loss
+from eagle2.training.evaluation.agreement import accepted_lengths, chain_summary
+from eagle2.training.support.losses import evaluate_loss
 
 
 def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None,
