@@ -14,7 +14,7 @@ Two measures, on sequences in the corpus format (the target's own greedy answers
 Both measures are ``agreement``'s definitions (the trainer's validation rows use the same ones, on
 fp32 LM heads). All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
 and its own earlier drafts through a 4D mask. Each objective gives its loss and its chain drafter
-(``objectives/``); the recipe's eval stage is ``recipe.eval_stage``.
+(``objectives/``); the eval stage is ``stage.eval_stage``.
 """
 
 from __future__ import annotations
