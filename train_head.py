@@ -1,5 +1,4 @@
-"""Train drafters for a target (EAGLE, EAGLE-3 and Medusa heads, an SpS draft model) from corpora the target
-writes or reads, then evaluate them.
+"""Train drafters for a target (EAGLE heads, an SpS draft, Medusa heads) on corpora, then evaluate them.
 
     python train_head.py                          # the full SmolLM2 recipe (conf/train/smollm2.yaml)
     python train_head.py train=tiny stage=all     # a one-minute smoke run
@@ -9,10 +8,8 @@ writes or reads, then evaluate them.
     python train_head.py train=sharegpt_joint stage=joint   # EAGLE + EAGLE-3 heads on one target forward per batch
     torchrun --standalone --nproc_per_node=8 train_head.py train=vicuna7b stage=head   # data-parallel training
 
-The stages are declared where they are made (``eagle2/training/recipe.py``): the corpus sources
-(``eagle2/training/corpora/``), the training objectives (``eagle2/training/objectives/``) and eval; ``stage=list``
-prints them from those declarations. Every stage resumes: a corpus shard by shard, training from
-``<out_dir>/checkpoint.pt``. Artifacts go to ``train.export.*`` (for SmolLM2 ``model.head``, ``model.sps_draft``, ...).
+The stages are the corpus sources and training objectives that ``eagle2/training/`` declares, and eval. Every
+stage resumes: a corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go to ``train.export``.
 """
 
 from __future__ import annotations
