@@ -1,15 +1,15 @@
-"""Train an EAGLE head and an SpS draft model for a target by self-distillation, then evaluate them.
+"""Train drafters for a target (EAGLE heads, an SpS draft, Medusa heads) on corpora, then evaluate them.
 
     python train_head.py                          # the full SmolLM2 recipe (conf/train/smollm2.yaml)
     python train_head.py train=tiny stage=all     # a one-minute smoke run
-    python train_head.py stage=head               # one stage: corpus | head | draft | eval | all
-    python train_head.py stage=conversations      # two-turn self-instruct token shards (artifacts/corpus/, tracked)
-    python train_head.py stage=features           # ... -> feature shards under artifacts/work/ (one forward each)
+    python train_head.py stage=list               # every stage: its place in all, its settings, what it makes
+    python train_head.py stage=head               # one stage
+    python train_head.py train=sharegpt stage=sharegpt      # ShareGPT token shards (a corpus source)
     python train_head.py train=sharegpt_joint stage=joint   # EAGLE + EAGLE-3 heads on one target forward per batch
     torchrun --standalone --nproc_per_node=8 train_head.py train=vicuna7b stage=head   # data-parallel training
 
-Every stage resumes: the corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go
-to ``train.export.head`` / ``train.export.draft`` (for SmolLM2 ``model.head`` / ``model.sps_draft``).
+The stages are the corpus sources and training objectives that ``eagle2/training/`` declares, and eval. Every
+stage resumes: a corpus shard by shard, training from ``<out_dir>/checkpoint.pt``. Artifacts go to ``train.export``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from eagle2.bench.models import load_target
-    from eagle2.training import distributed
     from eagle2.training.loop import WorldSizeMismatch
-    from eagle2.training.preflight import check_inputs
-    from eagle2.training.recipe import DATA_PARALLEL_STAGES, run_stages, stages_of
-    from eagle2.training.warm_state import WarmStateError
+    from eagle2.training.recipe import DATA_PARALLEL_STAGES, check_inputs, run_stages, stage_table, stages_of
+    from eagle2.training.support import distributed
+    from eagle2.training.support.warm_state import WarmStateError
 
+    if cfg.stage == "list":
+        print(stage_table())
+        return
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
     try:  # an unknown stage, or a stage's missing or unreadable input: one line, before the target loads
         stages = stages_of(cfg.stage)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eagle2.training import distributed  # noqa: E402
+from eagle2.training.support import distributed  # noqa: E402
 
 
 def ddp_cfg(epochs: int = 2):

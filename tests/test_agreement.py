@@ -1,4 +1,4 @@
-"""One definition of agreement (``eagle2.training.agreement``): a hand-made case worked out by hand, and
+"""One definition of agreement (``eagle2.training.evaluation.agreement``): a hand-made case worked out by hand, and
 the trainer's own validation figures equal to the eval stage's on the same held-out sequences (EAGLE-2
 and EAGLE-3 heads on tiny random targets, the trainer's loss in bf16, the evaluator's in fp32)."""
 
@@ -13,15 +13,15 @@ from omegaconf import OmegaConf
 from eagle2.core.features import eagle3_layers
 from eagle2.heads.eagle3_head import load_eagle3_head, save_eagle3_head
 from eagle2.heads.eagle_head import load_head, save_head
-from eagle2.training.agreement import (
+from eagle2.training.corpora.prompts import build_corpus
+from eagle2.training.data import load_sequences, split_shards
+from eagle2.training.evaluation.agreement import (
     Tally,
     accepted_lengths,
     agreement,
     chain_summary,
     counted_positions,
 )
-from eagle2.training.corpora.prompts import build_corpus
-from eagle2.training.data import load_sequences, split_shards
 from eagle2.training.objectives.eagle import evaluate_head, train_head
 from eagle2.training.objectives.eagle3 import evaluate_eagle3_head, train_eagle3_head
 from tests.test_training import PROMPTS, ByteTokenizer, head_cfg, tiny_target

@@ -168,8 +168,8 @@ def test_save_head_drops_a_checkpoints_own_embedding(target, tmp_path):
 
 
 def test_trained_head_export_round_trip(target, tmp_path):
-    from eagle2.training.models import export_dtype
     from eagle2.training.objectives.eagle import new_head
+    from eagle2.training.support.models import export_dtype
 
     head = new_head(target, init_from_target=True).eval()
     save_head(head, tmp_path / "fp32", dtype=export_dtype(head, 25))
@@ -185,8 +185,8 @@ def test_exports_store_the_configured_dtype_and_load_cast(target, tmp_path):
     from omegaconf import OmegaConf
     from safetensors import safe_open
 
-    from eagle2.training.models import export_dtype
     from eagle2.training.objectives.eagle import new_head
+    from eagle2.training.support.models import export_dtype
 
     head = new_head(target, init_from_target=True).eval()
     from pathlib import Path

@@ -231,9 +231,9 @@ def test_hydra_negative_control_is_rejected_exactly(exact, with_hydra, control):
 def test_training_lowers_the_loss_and_ranks_read_the_true_path(tmp_path):
     from eagle2.training.data import collate
     from eagle2.training.loop import fit
-    from eagle2.training.losses import LossProjection
     from eagle2.training.objectives.hydra import new_hydra_heads
     from eagle2.training.objectives.medusa import medusa_loss, true_ranks
+    from eagle2.training.support.losses import LossProjection
     from tests.test_medusa_training import FIT, sequences
 
     small = tiny_llama(vocab=16, layers=1, seed=0, scale=10.0)

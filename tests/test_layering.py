@@ -17,6 +17,8 @@
   ``experiments`` (the identity command imports no ``analysis`` either), and nothing imports them;
 - every module falls under one of these rules;
 - no import cycle among the modules of ``eagle2``, ``analysis`` and ``experiments``;
+- in ``eagle2.training``, the data side of the pipeline (``corpora``, ``shards``, ``features``, ``data``) imports
+  nothing of the training side (``objectives``, ``loop``, ``evaluation``, ``recipe``): no import against the flow;
 - every module says its job in a docstring and stays short enough to read in one sitting.
 """
 
@@ -134,6 +136,23 @@ def test_layers_import_only_the_layers_below():
 
 def test_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+DATA_SIDE = tuple(f"eagle2.training.{m}" for m in ("corpora", "shards", "features", "data"))
+TRAINING_SIDE = tuple(f"eagle2.training.{m}" for m in ("objectives", "loop", "evaluation", "recipe"))
+
+
+def against_the_flow(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of the training pipeline's data side that reach its training side."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith(DATA_SIDE)
+                  for d in deps if d.startswith(TRAINING_SIDE))
+
+
+def test_the_training_pipeline_imports_nothing_against_its_flow():
+    graph = import_graph()
+    assert against_the_flow(graph) == []
+    graph["eagle2.training.features"] = graph["eagle2.training.features"] | {"eagle2.training.loop"}  # the old edge
+    assert against_the_flow(graph) == ["eagle2.training.features -> eagle2.training.loop"]
 
 
 def test_the_checks_catch_a_violation_and_a_cycle():

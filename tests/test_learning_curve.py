@@ -58,9 +58,9 @@ def test_validation_on_another_set_with_chain_tau(target, corpus, tmp_path):  # 
     from functools import partial
 
     from eagle2.training.data import all_sequences
-    from eagle2.training.evaluate import chain_acceptance, chain_tau_measure
-    from eagle2.training.losses import LossProjection
+    from eagle2.training.evaluation.evaluate import chain_acceptance, chain_tau_measure
     from eagle2.training.objectives.eagle import head_chain, head_chain_of
+    from eagle2.training.support.losses import LossProjection
 
     others = all_sequences(corpus)[:3]  # a set the corpus split would not pick as held out
     ev = OmegaConf.create({"depth": 3, "stride": 2, "max_anchors_per_sequence": 8})

@@ -15,7 +15,7 @@ from tests.test_greedy import QUESTIONS, decode
 def corpus_datastore():
     """A datastore of the shipped conversations corpus (SmolLM2 token shards, tracked in git)."""
     from eagle2.heads.rest_datastore import Datastore
-    from eagle2.training.datastore import SHIPPED_SHARDS, chat_entries
+    from eagle2.training.support.datastore import SHIPPED_SHARDS, chat_entries
 
     return Datastore.from_entries(chat_entries([SHIPPED_SHARDS]))
 

@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 
 from eagle2.training.data import Sequence, collate
 from eagle2.training.loop import fit
-from eagle2.training.losses import LossProjection
 from eagle2.training.objectives.medusa import (
     best_tree,
     medusa_loss,
@@ -21,6 +20,7 @@ from eagle2.training.objectives.medusa import (
     tree_accept_length,
     true_ranks,
 )
+from eagle2.training.support.losses import LossProjection
 from tests.conftest import tiny_llama
 
 FIT = {"lr": 3e-2, "betas": [0.9, 0.95], "weight_decay": 0.0, "warmup": 2, "min_lr_ratio": 0.1, "epochs": 40,

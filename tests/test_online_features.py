@@ -11,9 +11,9 @@ import torch
 
 from eagle2.training.data import collate, is_token_corpus, load_sequences, split_shards, token_sequences
 from eagle2.training.features import OnlineFeatures, tokens_to_features
-from eagle2.training.losses import LossProjection, soft_cross_entropy
 from eagle2.training.objectives.eagle import train_head
 from eagle2.training.shards import write_token_shard
+from eagle2.training.support.losses import LossProjection, soft_cross_entropy
 from tests.test_training import head_cfg, tiny_target
 
 
@@ -93,7 +93,7 @@ def test_a_fresh_clone_continues_from_the_committed_resume_state(rows_in, token_
     state_path, rows_path = tmp_path / "committed" / "resume.json", tmp_path / "committed" / "metrics.jsonl.gz"
     assert first["partial"] and "rows" not in json.loads(state_path.read_text())
     if rows_in == "resume_json":  # the layout of a state written before the rows were gzipped beside it
-        from eagle2.training.warm_state import warm_rows
+        from eagle2.training.support.warm_state import warm_rows
 
         state = json.loads(state_path.read_text())
         state_path.write_text(json.dumps({**state, "rows": warm_rows(tmp_path / "committed", state)}))
@@ -126,7 +126,7 @@ def test_a_state_promoted_into_the_init_heads_resumes_from_resume_json_alone(tok
     from safetensors.torch import load_file
 
     from eagle2.heads.eagle_head import save_head
-    from eagle2.training.warm_state import WarmStateError, read_warm_state
+    from eagle2.training.support.warm_state import WarmStateError, read_warm_state
     from experiments.research.snapshot_heads import promote
 
     target = tiny_target()

@@ -71,7 +71,7 @@ def test_a_corpus_folder_as_val_set_gives_that_corpus_held_out_conversations(tmp
     import pytest
     from omegaconf import OmegaConf
 
-    from eagle2.training.heldout import validation
+    from eagle2.training.evaluation.heldout import validation
 
     (tmp_path / "val").mkdir()
     for k in range(3):  # 3 shards: too few for every 50th, so the last is held out

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from eagle2.heads.eagle3_head import save_eagle3_head
 from eagle2.heads.eagle_head import save_head
-from eagle2.training.warm_state import weights_digest
+from eagle2.training.support.warm_state import weights_digest
 from experiments.research.snapshot_heads import promote
 from tests.conftest import tiny_eagle3_head, tiny_head, tiny_llama
 

@@ -108,3 +108,37 @@ def test_the_recipe_runs_every_declared_objective(monkeypatch):
     monkeypatch.setattr(stages, "EXTRA_STAGES", (*stages.EXTRA_STAGES, "mine"))
     stages.run_stages(None, None, "cfg", Path("."), "mine")
     assert ran == ["cfg"]
+
+
+def test_the_recipe_runs_and_checks_every_declared_corpus_source(monkeypatch, tmp_path):
+    """The corpus stages are the sources that ``corpora/`` declares; the recipe runs one it has never heard of
+    on its own config section, the preflight checks the files it names and the shards of the source it needs,
+    and ``stage=list`` shows it: a new source is its module and its config section."""
+    from omegaconf import OmegaConf
+
+    from eagle2.training import recipe as stages
+    from eagle2.training.corpora import CorpusSource, sources
+
+    assert list(sources()) == ["corpus", "conversations", "features", "own_answers", "sharegpt"]
+    assert stages.STAGES[0] == "corpus" and set(sources()) - {"corpus"} <= set(stages.EXTRA_STAGES)
+    built = []
+    mine = CorpusSource("mine", "my shards", lambda target, tokenizer, c, root: built.append(c.size) or c.out_dir,
+                        needs="sharegpt", files=("seeds",))
+    monkeypatch.setattr(stages, "SOURCES", {**stages.SOURCES, "mine": mine})
+    monkeypatch.setattr(stages, "EXTRA_STAGES", (*stages.EXTRA_STAGES, "mine"))
+    section = {"size": 3, "out_dir": "out", "source": "tokens", "seeds": ["seeds.txt"]}
+    with pytest.raises(stages.PreflightError, match="stage=mine reads its settings from train.mine, which"):
+        stages.check_inputs(OmegaConf.create({"train": {"name": "t"}}), tmp_path, ("mine",))
+    cfg = OmegaConf.create({"train": {"name": "t", "mine": section}})
+    with pytest.raises(stages.PreflightError, match=r"stage=mine reads train.mine.seeds, and .*seeds.txt does not"):
+        stages.check_inputs(cfg, tmp_path, ("mine",))
+    (tmp_path / "seeds.txt").write_text("a seed")
+    with pytest.raises(stages.PreflightError, match=r"train.mine.source=.*first with train_head.py stage=sharegpt"):
+        stages.check_inputs(cfg, tmp_path, ("mine",))
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "tokens" / "tokens_00000.npz").write_bytes(b"")
+    stages.check_inputs(cfg, tmp_path, ("mine",))
+    stages.run_stages(None, None, cfg, tmp_path, "mine")
+    assert built == [3]
+    listed = [line.split()[0] for line in stages.stage_table().splitlines()[1:]]
+    assert listed == [*stages.STAGES, *stages.EXTRA_STAGES] and "mine" in listed and "joint" in listed

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import Sequence, all_sequences, collate
 from eagle2.training.features import tokens_to_features
-from eagle2.training.losses import LossProjection
 from eagle2.training.objectives.eagle import head_loss
 from eagle2.training.shards import features_to_tokens, read_token_shard, write_token_shard
+from eagle2.training.support.losses import LossProjection
 from tests.conftest import tiny_head
 from tests.test_training import PROMPTS, ByteTokenizer, tiny_target
 
@@ -84,7 +84,7 @@ def test_an_answer_mask_from_start_on_changes_nothing(tmp_path):
     """A sequence whose answer_mask marks everything from ``start`` on trains (head, draft, Medusa) and
     evaluates exactly as the same sequence without a mask."""
     from eagle2.heads.draft_model import build_draft_model
-    from eagle2.training.evaluate import chain_anchors
+    from eagle2.training.evaluation.evaluate import chain_anchors
     from eagle2.training.objectives.draft import draft_loss
     from eagle2.training.objectives.medusa import medusa_targets
 

@@ -13,9 +13,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from eagle2.training.objectives.eagle import train_head
-from eagle2.training.preflight import PreflightError, check_inputs
-from eagle2.training.recipe import _exported, stages_of
-from eagle2.training.warm_state import WarmStateError, read_warm_state
+from eagle2.training.recipe import PreflightError, _exported, check_inputs, stages_of
+from eagle2.training.support.warm_state import WarmStateError, read_warm_state
 from tests.test_online_features import token_corpus  # noqa: F401  (a fixture)
 from tests.test_training import head_cfg, tiny_target
 

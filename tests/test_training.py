@@ -16,10 +16,10 @@ from eagle2.heads.draft_model import build_draft_model, load_draft_model, save_d
 from eagle2.heads.eagle_head import load_head, save_head
 from eagle2.training.corpora.prompts import build_corpus, worker_batches
 from eagle2.training.data import all_sequences, make_batches, split_shards
-from eagle2.training.evaluate import chain_anchors
-from eagle2.training.losses import LossProjection
+from eagle2.training.evaluation.evaluate import chain_anchors
 from eagle2.training.objectives.draft import draft_chain, evaluate_draft, train_draft
 from eagle2.training.objectives.eagle import evaluate_head, head_chain, train_head
+from eagle2.training.support.losses import LossProjection
 from tests.conftest import tiny_head
 
 VOCAB = 64
@@ -290,7 +290,7 @@ def test_tiny_recipe_on_smollm2(tmp_path):
 
 
 def test_chunked_soft_cross_entropy_matches_naive():
-    from eagle2.training.losses import soft_cross_entropy
+    from eagle2.training.support.losses import soft_cross_entropy
 
     torch.manual_seed(0)
     lm_head = torch.nn.Linear(16, 50, bias=False)
@@ -450,7 +450,7 @@ def test_autocast_setting_follows_the_cpu(monkeypatch, target, corpus, tmp_path)
     """``autocast=auto`` is bf16 only where the CPU multiplies bf16 natively (an ONEDNN_MAX_CPU_ISA cap
     below bf16 counts as none); train rows record the choice, the CPU kind and the rate."""
     from eagle2.core.cpu import cpu_has_native_bf16
-    from eagle2.training.loop import autocast_dtype
+    from eagle2.training.support.precision import autocast_dtype
 
     cpu = torch.device("cpu")
     assert autocast_dtype("off", cpu) is None and autocast_dtype("bf16", cpu) == torch.bfloat16

@@ -9,7 +9,7 @@ length with any match wins; up to ``max_matches`` occurrences (suffix-array orde
 ``continuation`` tokens (cut at the entry's end here, where the authors' concatenation runs on into the
 next entry); every prefix of a continuation is counted, and the ``choices`` most frequent prefixes form
 the draft trie. Saved as one ``.npz`` (``tokens`` int32, ``suffixes`` int32, ``depth``; no pickles).
-Knows nothing about models; the corpora are ``eagle2.training.datastore``'s. Drafter data, declared as the
+Knows nothing about models; the corpora are ``eagle2.training.support.datastore``'s. Drafter data, declared as the
 weight kind ``rest_datastore`` (``eagle2.heads.kinds``) like the heads.
 
 Why not the authors' ``draftretriever`` (PyPI 0.1.1, a Rust extension): it returns the trie without its

@@ -26,8 +26,8 @@ from tqdm import tqdm
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.core.features import LayerTap, eagle3_layers
 from eagle2.training.data import is_token_corpus
-from eagle2.training.loop import autocast_dtype
 from eagle2.training.shards import answer_mask, check_existing_taps, read_token_shard, token_shard_paths, write_shard
+from eagle2.training.support.precision import autocast_dtype
 
 
 class OnlineFeatures:

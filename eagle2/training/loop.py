@@ -7,7 +7,7 @@ and at every epoch end. A rerun with the same ``out_dir`` resumes from it and re
 uninterrupted run; ``metrics.jsonl`` is cut back to the checkpoint's step so no step is logged twice, and a
 validation step whose checkpoint was written but whose validation was killed is validated first.
 
-Several processes (``torchrun``, ``eagle2.training.distributed``): each step takes the next ``world_size``
+Several processes (``torchrun``, ``eagle2.training.support.distributed``): each step takes the next ``world_size``
 batches of the epoch's plan, rank r the r-th (``step_groups``), so the global batch of a step is their
 union and one process trains on the same batches in the same order; gradients are all-reduced
 (position-weighted, exactly the union batch's gradient) before clipping, so every rank applies the same
@@ -41,12 +41,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from eagle2.core.cpu import cpu_has_native_bf16, cpu_kind
-from eagle2.training import distributed
+from eagle2.core.cpu import cpu_kind
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
-from eagle2.training.losses import evaluate_loss
-from eagle2.training.models import trainable_state
-from eagle2.training.warm_state import load_warm_weights, read_warm_state, warm_rows, write_warm_state
+from eagle2.training.support import distributed
+from eagle2.training.support.losses import evaluate_loss
+from eagle2.training.support.models import trainable_state
+from eagle2.training.support.precision import autocast_dtype
+from eagle2.training.support.warm_state import load_warm_weights, read_warm_state, warm_rows, write_warm_state
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -59,19 +60,6 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 def warmup_steps(warmup: float, total: int) -> int:
     """``warmup`` is a fraction of ``total`` when < 1, else a step count; at least one step."""
     return max(1, int(warmup * total) if warmup < 1 else int(warmup))
-
-
-def autocast_dtype(setting: str | None, device: torch.device) -> torch.dtype | None:
-    """The training forward's autocast dtype: ``auto`` = bf16 on a CPU that multiplies bf16 natively
-    (and on CUDA), None (fp32) elsewhere; ``bf16`` always; ``off`` never."""
-    setting = str(setting or "auto").lower()
-    if setting not in ("auto", "bf16", "off"):
-        raise ValueError(f"train.*.autocast must be auto, bf16 or off, not {setting!r}")
-    if setting == "off":
-        return None
-    if setting == "bf16" or device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
-        return torch.bfloat16
-    return None
 
 
 def curve_flat(values: list[float], evals: int, min_gain: float) -> bool:

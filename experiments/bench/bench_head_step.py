@@ -31,9 +31,9 @@ from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
 from eagle2.training.data import collate, make_batches, split_shards, token_sequences
 from eagle2.training.features import OnlineFeatures
-from eagle2.training.loop import autocast_dtype
-from eagle2.training.losses import LossProjection, evaluate_loss, loss_dtype
 from eagle2.training.objectives.eagle import head_loss, new_head
+from eagle2.training.support.losses import LossProjection, evaluate_loss, loss_dtype
+from eagle2.training.support.precision import autocast_dtype
 
 
 def _batches(corpus: str, token_budget: int, count: int, val_fraction: float = 0.1):

@@ -3,7 +3,7 @@
     python -m experiments.ops.build_datastore --corpus chat   # ShareGPT's token shards if built, else the shipped
     python -m experiments.ops.build_datastore --corpus code   # data/train/code_alpaca_2k.json.gz, model's tokenizer
 
-The corpora are ``eagle2.training.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
+The corpora are ``eagle2.training.support.datastore``'s; the file is what ``model.rest_datastore`` names (smollm2:
 ``artifacts/work/rest/smollm2-chat.npz``). An existing datastore is kept unless ``--rebuild``.
 """
 
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from eagle2.prompts.questions import PROJECT_ROOT
-from eagle2.training.datastore import SHAREGPT_SHARDS, SHIPPED_SHARDS, build_datastore, chat_entries, code_entries
+from eagle2.training.support import datastore as ds
 
 
 def default_out(model: str, corpus: str) -> Path:
@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"[datastore] {out} exists (--rebuild to build it again)")
         return out
     if args.corpus == "chat":
-        folders = args.shards or [SHAREGPT_SHARDS if SHAREGPT_SHARDS.is_dir() else SHIPPED_SHARDS]
-        return build_datastore(chat_entries(folders), out, args.depth)
-    return build_datastore(code_entries(model_tokenizer(args.model)), out, args.depth)
+        folders = args.shards or [ds.SHAREGPT_SHARDS if ds.SHAREGPT_SHARDS.is_dir() else ds.SHIPPED_SHARDS]
+        return ds.build_datastore(ds.chat_entries(folders), out, args.depth)
+    return ds.build_datastore(ds.code_entries(model_tokenizer(args.model)), out, args.depth)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from analysis.results_page import git_commit
 from eagle2.core.cpu import cpu_kind
 from eagle2.results.frames import load_rows
-from eagle2.training.warm_state import WEIGHTS_FILE, weights_digest
+from eagle2.training.support.warm_state import WEIGHTS_FILE, weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = {"eagle3": "eagle3", "eagle2": "head"}  # method -> the joint run's head it drafts with

@@ -31,6 +31,7 @@ import torch
 from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import chat_messages, encode_conversation, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
+from eagle2.training.corpora import CorpusSource
 from eagle2.training.corpora.generate import generate
 from eagle2.training.shards import Dedup, read_token_shard, words, write_token_shard
 
@@ -178,3 +179,18 @@ def conversation_stats(folder: str | Path) -> dict:
         dropped.update(meta.get("dropped", {}))
         cats.update(r["category"] for r in recs)
     return {**totals, "dropped": dict(dropped), "categories": dict(cats)}
+
+
+def build(target, tokenizer, c, root: Path) -> Path:
+    """``stage=conversations``: generate (or finish) the two-turn token corpus of ``train.conversations`` (``c``)."""
+    from omegaconf import OmegaConf
+
+    return generate_conversations(
+        target, tokenizer, root / c.out_dir, categories=OmegaConf.to_container(c.categories),
+        follow_ups=list(c.follow_ups), template=c.template, system_prompt=c.system_prompt, n_batches=c.n_batches,
+        batch_size=c.batch_size, max_user_tokens=c.max_user_tokens, min_user_tokens=c.min_user_tokens,
+        max_answer_tokens=c.max_answer_tokens, temperature=c.temperature, top_p=c.top_p, seed=c.seed,
+        stop_tokens=c.stop_tokens, ngram=c.ngram, near_duplicate=c.near_duplicate)
+
+
+SOURCE = CorpusSource("conversations", "two-turn self-instruct token shards", build)

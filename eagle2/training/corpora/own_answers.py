@@ -25,6 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle2.core.clock import device_clock
+from eagle2.prompts.chat import stop_ids
+from eagle2.training.corpora import CorpusSource
 from eagle2.training.corpora.generate import generate
 from eagle2.training.shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
 
@@ -98,3 +100,19 @@ def build_own_answer_shards(target, source_dir: str | Path, out_dir: str | Path,
         print(f"[own_answers] {dest.name}: {meta['answered']} conversations, {meta.get('turns', meta['answered'])} "
               f"turns, {meta['answer_tokens']} answer tokens, {meta['seconds']} s", flush=True)
     return totals
+
+
+def build(target, tokenizer, c, root: Path) -> Path:
+    """``stage=own_answers``: the target's answers of ``train.own_answers`` (``c``) to its source's user turns."""
+    out = root / c.out_dir
+    totals = build_own_answer_shards(target, root / c.source, out, stops=stop_ids(tokenizer, c.stop_tokens),
+                                     max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
+                                     batch_size=c.batch_size, shards=c.shards, max_turns=c.get("max_turns"),
+                                     max_context_tokens=c.get("max_context_tokens", 1024))
+    print(f"[own_answers] {totals['conversations']} conversations ({totals['turns']} turns), {totals['tokens']} "
+          f"tokens ({totals['answer_tokens']} answer), {totals['prompt_too_long']} prompts too long, "
+          f"{totals['seconds']:.0f} s decoding", flush=True)
+    return out
+
+
+SOURCE = CorpusSource("own_answers", "token shards of the target's own answers", build, needs="sharegpt")

@@ -24,8 +24,9 @@ from tqdm import tqdm
 from eagle2.core.features import LayerTap
 from eagle2.prompts.chat import encode_conversation, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
+from eagle2.training.corpora import CorpusSource
 from eagle2.training.corpora.generate import generate
-from eagle2.training.features import teacher_forced_batch
+from eagle2.training.features import corpus_tap_layers, teacher_forced_batch
 from eagle2.training.shards import check_existing_taps, write_shard
 
 
@@ -149,3 +150,22 @@ def mtbench_heldout(target, tokenizer, out_dir: str | Path, *, template: str, sy
                         system_prompt=system_prompt, batch_size=batch_size, max_new_tokens=max_new_tokens,
                         max_prompt_tokens=1 << 30, temperature=0.0, samples_per_prompt=1, seed=0,
                         stop_tokens=stop_tokens, tap_layers=tap_layers)
+
+
+def build(target, tokenizer, c, root: Path) -> Path:
+    """``stage=corpus``: build (or finish) the self-distillation corpus of ``train.corpus`` (``c``)."""
+    records = training_records([root / f for f in ([c.prompts] if isinstance(c.prompts, str) else c.prompts)])
+    if c.limit:
+        records = records[: int(c.limit)]
+    if c.responses not in ("self", "dataset"):
+        raise ValueError(f"train.corpus.responses must be 'self' or 'dataset', not {c.responses!r}")
+    return build_corpus(target, tokenizer, [p for p, _ in records], root / c.out_dir, template=c.template,
+                        system_prompt=c.system_prompt, batch_size=c.batch_size, max_new_tokens=c.max_new_tokens,
+                        max_prompt_tokens=c.max_prompt_tokens, temperature=c.temperature,
+                        samples_per_prompt=c.samples_per_prompt, seed=c.seed, max_batches=c.max_batches,
+                        worker=c.worker, workers=c.workers, stop_tokens=c.stop_tokens,
+                        answers=[a for _, a in records] if c.responses == "dataset" else None,
+                        tap_layers=corpus_tap_layers(target, c.get("tap_layers")), only_batches=c.get("batches"))
+
+
+SOURCE = CorpusSource("corpus", "feature shards of the target's answers to prompts", build, order=0, files=("prompts",))

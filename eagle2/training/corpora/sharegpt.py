@@ -32,6 +32,7 @@ from pathlib import Path
 
 from eagle2.prompts.chat import chat_messages, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
+from eagle2.training.corpora import CorpusSource
 from eagle2.training.shards import Dedup, ngram_keys, token_shard_paths, write_token_shard
 
 USER_ROLES = {"human", "user"}
@@ -212,3 +213,17 @@ def kept_records(source: Path, counts: Counter, dedup: Dedup) -> Iterator[tuple[
             continue
         dedup.add(users[0])
         yield record, users, answers
+
+
+def build(target, tokenizer, c, root: Path) -> Path:
+    """``stage=sharegpt``: the token shards of ``train.sharegpt`` (``c``); the target is not used."""
+    out = root / c.out_dir
+    summary = build_sharegpt_shards(tokenizer, out, template=c.template, system_prompt=c.system_prompt, path=c.path,
+                                    stop_tokens=c.stop_tokens, max_tokens=c.max_tokens, per_shard=c.per_shard,
+                                    limit=c.limit, ngram=c.ngram)
+    print(f"[sharegpt] kept {summary['kept']} of {summary['read']} conversations, {summary['tokens']} tokens "
+          f"({summary['answer_tokens']} answer); dropped {summary['dropped']}", flush=True)
+    return out
+
+
+SOURCE = CorpusSource("sharegpt", "ShareGPT token shards", build)

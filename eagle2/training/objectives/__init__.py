@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from eagle2.training import distributed
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.features import featurizer, online_fingerprint
 from eagle2.training.loop import fit
+from eagle2.training.support import distributed
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ import torch
 
 from eagle2.core.cache import forward_target, new_cache
 from eagle2.heads.draft_model import build_draft_model, load_draft_model, save_draft_model
-from eagle2.training.agreement import agreement
 from eagle2.training.data import Sequence
-from eagle2.training.evaluate import chain_mask, evaluate_drafter
-from eagle2.training.heldout import validation
-from eagle2.training.losses import LossProjection, loss_dtype, soft_cross_entropy
-from eagle2.training.models import export
+from eagle2.training.evaluation.agreement import agreement
+from eagle2.training.evaluation.evaluate import chain_mask, evaluate_drafter
+from eagle2.training.evaluation.heldout import validation
 from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.support.losses import LossProjection, loss_dtype, soft_cross_entropy
+from eagle2.training.support.models import export
 
 
 def draft_loss(draft, batch: dict, *, proj: LossProjection, loss_on_prompt: bool = False,

@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from eagle2.heads.eagle_head import EagleHead, head_config_from_target, load_head, save_head
-from eagle2.training.agreement import ranked_ids
 from eagle2.training.data import Sequence, tokens_by_frequency
-from eagle2.training.evaluate import evaluate_drafter, feature_chain
-from eagle2.training.heldout import validation
-from eagle2.training.losses import (
+from eagle2.training.evaluation.agreement import ranked_ids
+from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
+from eagle2.training.evaluation.heldout import validation
+from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.support.losses import (
     LossProjection,
     answer_positions,
     combine,
@@ -31,8 +32,7 @@ from eagle2.training.losses import (
     subsample,
     unrolled_predictions,
 )
-from eagle2.training.models import export
-from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.support.models import export
 
 
 def new_head(target, init_from_target: bool = False, num_layers: int = 1) -> EagleHead:

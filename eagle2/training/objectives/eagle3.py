@@ -17,11 +17,12 @@ import torch.nn.functional as F
 
 from eagle2.core.features import eagle3_layers
 from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target, load_eagle3_head, save_eagle3_head
-from eagle2.training.agreement import agreement, ranked_ids
 from eagle2.training.data import Sequence, tokens_by_frequency
-from eagle2.training.evaluate import evaluate_drafter, feature_chain
-from eagle2.training.heldout import validation
-from eagle2.training.losses import (
+from eagle2.training.evaluation.agreement import agreement, ranked_ids
+from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
+from eagle2.training.evaluation.heldout import validation
+from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.support.losses import (
     LogitsSoftCrossEntropy,
     LossProjection,
     answer_positions,
@@ -30,8 +31,7 @@ from eagle2.training.losses import (
     subsample,
     unrolled_predictions,
 )
-from eagle2.training.models import export
-from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.support.models import export
 
 
 def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:

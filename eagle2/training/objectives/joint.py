@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from eagle2.training.heldout import validation
-from eagle2.training.models import SHARED_KEYS
+from eagle2.training.evaluation.heldout import validation
 from eagle2.training.objectives import Objective, exported, train_objective
 from eagle2.training.objectives.eagle import cls_vocab, export_head, head_setup
 from eagle2.training.objectives.eagle3 import eagle3_setup, export_eagle3
+from eagle2.training.support.models import SHARED_KEYS
 
 
 class JointHeads(torch.nn.Module):

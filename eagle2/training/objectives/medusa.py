@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from eagle2.heads.medusa_heads import HeadStack, MedusaHeads
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
-from eagle2.training.losses import LossProjection, soft_cross_entropy
 from eagle2.training.objectives import Objective
+from eagle2.training.support.losses import LossProjection, soft_cross_entropy
 
 MAX_RANK = 10  # ranks counted per head (the authors' TOPK)
 
@@ -259,9 +259,9 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
 
     from eagle2.heads.medusa_heads import MC_SIM_7B_63
     from eagle2.training.data import all_sequences, load_sequences, split_shards
-    from eagle2.training.evaluate import write_eval_json
-    from eagle2.training.heldout import mtbench
-    from eagle2.training.models import export_dtype
+    from eagle2.training.evaluation.evaluate import write_eval_json
+    from eagle2.training.evaluation.heldout import mtbench
+    from eagle2.training.support.models import export_dtype
 
     kind = kind or _medusa_kind()
     mc = kind.settings(cfg.train)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eagle2.heads.locations import check_safetensors_header, is_lfs_pointer
-from eagle2.training.models import trainable_state
+from eagle2.training.support.models import trainable_state
 
 
 class WarmStateError(ValueError):

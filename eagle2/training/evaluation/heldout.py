@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eagle2.training.corpora.prompts import mtbench_heldout
 from eagle2.training.data import all_sequences, train_val_sequences
-from eagle2.training.evaluate import chain_tau_measure
+from eagle2.training.evaluation.evaluate import chain_tau_measure
 from eagle2.training.features import corpus_tap_layers
 
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
-from eagle2.training.agreement import (
+from eagle2.training.data import Sequence, collate, evenly_spaced, make_batches
+from eagle2.training.evaluation.agreement import (
     Tally,
     agreement_counts,
     as_means,
@@ -29,7 +30,6 @@ from eagle2.training.agreement import (
     ranked_ids,
     target_ids,
 )
-from eagle2.training.data import Sequence, collate, evenly_spaced, make_batches
 
 
 def loss_dtype(name: str) -> torch.dtype:

@@ -14,7 +14,7 @@ Two measures, on sequences in the corpus format (the target's own greedy answers
 Both measures are ``agreement``'s definitions (the trainer's validation rows use the same ones, on
 fp32 LM heads). All anchors of one sequence are drafted together as one batch row, each attending to its own prefix
 and its own earlier drafts through a 4D mask. Each objective gives its loss and its chain drafter
-(``objectives/``); the recipe's eval stage is ``recipe.eval_stage``.
+(``objectives/``); the eval stage is ``stage.eval_stage``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 from eagle2.core.cache import new_cache
 from eagle2.core.tree import additive_mask
 from eagle2.heads.eagle_head import causal_mask
-from eagle2.training.agreement import accepted_lengths, chain_summary
 from eagle2.training.data import Sequence, evenly_spaced
-from eagle2.training.losses import evaluate_loss
+from eagle2.training.evaluation.agreement import accepted_lengths, chain_summary
+from eagle2.training.support.losses import evaluate_loss
 
 
 def chain_anchors(n: int, start: int, depth: int, stride: int, limit: int | None = None,
