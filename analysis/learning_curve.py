@@ -174,6 +174,18 @@ def plot_tau(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=7)
 
 
+def tau_lines(runs: dict[str, list[dict]]) -> dict[str, tuple[list[int], list[float], int]]:
+    """Per run whose validation rows carry the greedy-chain tau (``val_set: mtbench``): (steps, tau, the step of
+    the best tau, which ``best_by: tau`` exports)."""
+    lines = {}
+    for name, rows in runs.items():
+        rows = [r for r in rows if "chain_tau" in r]
+        if rows:
+            best = max(rows, key=lambda r: r["chain_tau"])  # (the first of equal ones, as the trainer keeps it)
+            lines[name] = ([r["step"] for r in rows], [r["chain_tau"] for r in rows], best["step"])
+    return lines
+
+
 def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1", stamped: str | None = None,
                 tau: list[dict] | None = None) -> Path:
     """One line per run: ``key`` against the step (left) and the tokens trained (right); with ``tau`` (a
@@ -187,6 +199,13 @@ def plot_curves(runs: dict[str, list[dict]], out: str | Path, key: str = "top1",
         axes[0].plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", label=name)
         if all("tokens_trained" in r for r in rows):
             axes[1].plot([r["tokens_trained"] / 1e6 for r in rows], [r[key] for r in rows], marker="o", label=name)
+    taus = tau_lines(runs) if key != "chain_tau" else {}
+    if taus:  # tau beside top-1 (dashed, right axis), the best-by-tau checkpoint marked
+        right = axes[0].twinx()
+        for name, (steps, values, best) in taus.items():
+            right.plot(steps, values, linestyle="--", marker=".", label=f"{name} tau")
+            right.plot([best], [values[steps.index(best)]], marker="*", markersize=12, color="black")
+        right.set_ylabel("held-out chain tau (dashed; *: best)")
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("tokens trained (M)")
     axes[0].set_ylabel(f"held-out {key}")

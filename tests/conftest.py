@@ -53,9 +53,10 @@ def tiny_head(target, seed: int = 0):
 _EAGLE3_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None):
+def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None, eagle31: bool = False):
     """A random EAGLE-3 head for ``target`` on its device and dtype. A target shallower than 4 layers
-    fuses layers (0, L//2, L-1); a reduced draft vocabulary takes a random subset of the tokens."""
+    fuses layers (0, L//2, L-1); a reduced draft vocabulary takes a random subset of the tokens; ``eagle31``:
+    an EAGLE-3.1 head, its norms' weights random (so that they matter)."""
     from eagle2.core.features import eagle3_layers
     from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target
 
@@ -63,7 +64,9 @@ def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None)
     fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
     vocab = target.config.vocab_size
     torch.manual_seed(seed)
-    head = Eagle3Head(eagle3_config_from_target(target.config, draft_vocab_size or vocab), fused)
+    head = Eagle3Head(eagle3_config_from_target(target.config, draft_vocab_size or vocab, eagle31=eagle31), fused)
+    for norm in head.tap_norms or ():
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
     if draft_vocab_size and draft_vocab_size < vocab:
         head.set_draft_vocabulary(torch.randperm(vocab)[:draft_vocab_size])
     head.attach_embedding(target.get_input_embeddings())

@@ -99,9 +99,9 @@ def test_the_recipe_runs_every_declared_objective(monkeypatch):
     from eagle2.training import recipe as stages
     from eagle2.training.objectives import Objective, objectives
 
-    assert list(objectives()) == ["head", "eagle3", "draft", "medusa", "hydra", "joint"]
+    assert list(objectives()) == ["head", "eagle3", "draft", "medusa", "hass", "hydra", "joint"]
     assert stages.STAGES == ("corpus", "head", "eagle3", "draft", "medusa", "eval")
-    assert {"joint", "hydra"} <= set(stages.EXTRA_STAGES) and "medusa" not in stages.DATA_PARALLEL_STAGES
+    assert {"joint", "hydra", "hass"} <= set(stages.EXTRA_STAGES) and "medusa" not in stages.DATA_PARALLEL_STAGES
     ran = []
     mine = Objective("mine", "my head", lambda target, tokenizer, cfg, root: ran.append(cfg) or Path("out/mine"))
     monkeypatch.setattr(stages, "OBJECTIVES", {**stages.OBJECTIVES, "mine": mine})

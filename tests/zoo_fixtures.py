@@ -237,6 +237,7 @@ def write_hydra_head(folder: Path, target_config: LlamaConfig, seed: int = 5, *,
 
 WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder (or file)
     "head": write_published_head,
+    "hass_head": write_published_head,  # a HASS head is an EAGLE head in its published format
     "sps_draft": write_full_draft,
     "medusa_head": write_medusa_head,
     "hydra_head": write_hydra_head,

@@ -18,6 +18,11 @@ post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` [draft_v
 ``t2d`` (both optional when the draft vocabulary is the full one) and optionally
 ``embed_tokens.weight`` (else the target's embedding is used). Loading is strict, never runs pickled
 code, and names a bad key.
+
+EAGLE-3.1 (two ``config.json`` flags, absent in EAGLE-3 heads, which load unchanged): ``tap_norms`` puts one
+RMSNorm on each tapped feature before ``fc`` (weights ``tap_norms.{k}.weight`` [H]), and
+``norm_before_residual`` (vLLM's key and meaning) makes ``hidden_norm(g)`` the residual stream too, so the
+output a deeper tree node reads is built on the normed state.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Eagle3Layer(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         eps = config.rms_norm_eps
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))  # EAGLE-3.1
         self.self_attn = Eagle3Attention(config)
         self.mlp = LlamaMLP(config)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=eps)
@@ -81,7 +87,10 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
 
     def forward(self, embeds, hidden, position_embeddings, attention_mask, cache=None) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        if self.norm_before_residual:
+            hidden = normed
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         hidden = hidden + self.self_attn(x, position_embeddings, attention_mask, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -97,6 +106,11 @@ class Eagle3Head(nn.Module):
         self.draft_vocab_size = int(getattr(config, "draft_vocab_size", None) or config.vocab_size)
         self.feature_layers = tuple(feature_layers)  # the target layers whose inputs are fused
         self.fc = nn.Linear(len(self.feature_layers) * target_h, h, bias=False)
+        if getattr(config, "tap_norms", False):  # EAGLE-3.1: each tapped feature normed before the fusion
+            self.tap_norms = nn.ModuleList(LlamaRMSNorm(target_h, eps=config.rms_norm_eps)
+                                           for _ in self.feature_layers)
+        else:
+            self.tap_norms = None
         self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False)
@@ -134,22 +148,35 @@ class Eagle3Head(nn.Module):
         """Features -> draft-vocabulary logits: the head's own ``norm`` then ``lm_head``."""
         return nn.Sequential(self.norm, self.lm_head)
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """(..., k*H) tapped target features -> (..., h): ``fc``, after each tap's own norm (EAGLE-3.1)."""
+        if self.tap_norms is not None:
+            parts = features.chunk(len(self.tap_norms), dim=-1)
+            features = torch.cat([norm(part) for norm, part in zip(self.tap_norms, parts)], dim=-1)
+        return self.fc(features)
+
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
         """input_ids (B, Q) tokens t[i+1]; features (B, Q, 3H) fused target layers or (B, Q, h) the
         head's own outputs; attention_mask additive (B, 1, Q, past+Q). Returns (B, Q, h)."""
         emb = self.embed_tokens(input_ids).to(features.dtype)
-        hidden = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        hidden = self.fuse(features) if features.shape[-1] != self.config.hidden_size else features
         pos_emb = self.rotary_emb(hidden, position_ids=position_ids)
         return self.midlayer(emb, hidden, pos_emb, attention_mask, cache)
 
 
-def eagle3_config_from_target(target_config, draft_vocab_size: int) -> LlamaConfig:
-    """A head config matching the target's width, heads and RoPE, with a draft vocabulary."""
+EAGLE31_FLAGS = ("tap_norms", "norm_before_residual")  # config.json flags of an EAGLE-3.1 head
+
+
+def eagle3_config_from_target(target_config, draft_vocab_size: int, eagle31: bool = False) -> LlamaConfig:
+    """A head config matching the target's width, heads and RoPE, with a draft vocabulary; ``eagle31``: with
+    EAGLE-3.1's norms (``EAGLE31_FLAGS``)."""
     from eagle2.heads.eagle_head import head_config_from_target
 
     config = head_config_from_target(target_config, num_layers=1)
     config.draft_vocab_size = int(draft_vocab_size)
+    for flag in EAGLE31_FLAGS if eagle31 else ():
+        setattr(config, flag, True)
     config.target_num_hidden_layers = int(target_config.num_hidden_layers)  # (not exported: tells a default)
     return config
 
@@ -233,6 +260,9 @@ def serving_config(head: Eagle3Head, dtype: torch.dtype | None = None) -> dict:
         cfg["eagle_aux_hidden_state_layer_ids"] = list(head.feature_layers)
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in head.feature_layers]
     cfg.pop("target_num_hidden_layers", None)
+    for flag in EAGLE31_FLAGS:  # written only when on: an EAGLE-3 head's config stays as the readers know it
+        if not cfg.get(flag):
+            cfg.pop(flag, None)
     return cfg
 
 

@@ -4,7 +4,8 @@ the compiled path (``eagle2.heads.static_head``).
 ``LeanEagleHead`` reproduces ``EagleHead.forward`` (``eagle2.heads.eagle_head``): ``fc(concat(embed(t), f))``,
 then Llama decoder layers (the first without an input norm), no final norm. ``LeanEagle3Head`` reproduces
 ``Eagle3Head.forward`` (``eagle2.heads.eagle3_head``): ``fc`` on fused target features (skipped for the head's
-own h-wide outputs), then one layer whose attention reads ``concat(norm(embed(t)), hidden_norm(g))``. Both
+own h-wide outputs; EAGLE-3.1's tap norms first), then one layer whose attention reads
+``concat(norm(embed(t)), hidden_norm(g))`` (EAGLE-3.1: ``hidden_norm(g)`` the residual too). Both
 keep the eager order of operations on the lean layers the compiled target uses (``eagle2.core.lean_layers``:
 q/k/v and gate/up fused, packed oneDNN linears and the short-query attention where the run's kernels call for
 them), and write each forward's keys and values in place at ``slots`` of the per-layer buffers.
@@ -55,17 +56,29 @@ class LeanEagle3Head(LeanStack):
         self.embed = fixed(head.embed_tokens.weight)
         self.fc = LeanLinear.of(head.fc, self.pack)
         self.hidden_norm = fixed(mid.hidden_norm.weight)
+        self.norm_before_residual = mid.norm_before_residual  # EAGLE-3.1
+        self.tap_norms = None if head.tap_norms is None else [fixed(n.weight) for n in head.tap_norms]
         self.width = head.config.hidden_size
         self.feature_widths = (head.fc.weight.shape[1], self.width)  # fused target features; its own outputs
 
     def forward(self, ids, features, positions, mask, slots, keys, values):
         emb = F.embedding(ids, self.embed).to(features.dtype)
-        hidden = self.fc(features) if features.shape[-1] != self.width else features
+        hidden = self.fuse(features) if features.shape[-1] != self.width else features
         layer = self.layers[0]
-        x = torch.cat([rms(emb, layer.ln_attn, self.eps), rms(hidden, self.hidden_norm, self.eps)], dim=-1)
+        normed = rms(hidden, self.hidden_norm, self.eps)
+        if self.norm_before_residual:
+            hidden = normed
+        x = torch.cat([rms(emb, layer.ln_attn, self.eps), normed], dim=-1)
         hidden = hidden + self.attention(layer, x, self.rotary(positions, hidden.dtype), mask, slots, keys[0],
                                          values[0])
         return self.mlp(layer, hidden)
+
+
+    def fuse(self, features):
+        if self.tap_norms is not None:  # EAGLE-3.1: each tapped feature normed first
+            parts = features.chunk(len(self.tap_norms), dim=-1)
+            features = torch.cat([rms(p, w, self.eps) for p, w in zip(parts, self.tap_norms)], dim=-1)
+        return self.fc(features)
 
 
 def lean_head(head) -> LeanStack:

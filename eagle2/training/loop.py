@@ -22,6 +22,9 @@ state continues from it at the same step, epoch and batch (a warm resume: the we
 AdamW's moments start again). A state promoted into the heads the run starts from commits ``resume.json`` and
 the rows alone (``warm_state``).
 
+The best checkpoint (``cfg.best_by``: last | top1 | tau | loss; ``eagle2.training.best``): a finished run ends
+with the best validation's weights in the module (what the export writes; the summary's ``best`` says which).
+
 Precision (``cfg.autocast``: auto | bf16 | off): the training forward (and so its backward) runs under
 bf16 autocast where the CPU multiplies bf16 natively (``auto``), fp32 master weights and optimizer
 state; validation always runs in fp32. Train rows record ``tok_s``, ``cpu_kind``, ``autocast``, ``threads``,
@@ -42,6 +45,7 @@ import torch
 from tqdm import tqdm
 
 from eagle2.core.cpu import cpu_kind
+from eagle2.training.best import BestCheckpoint, curve_flat
 from eagle2.training.data import Sequence, ShardedSequences, collate, epoch_batches, sequence_lengths
 from eagle2.training.support import distributed
 from eagle2.training.support.losses import evaluate_loss
@@ -62,13 +66,6 @@ def warmup_steps(warmup: float, total: int) -> int:
     return max(1, int(warmup * total) if warmup < 1 else int(warmup))
 
 
-def curve_flat(values: list[float], evals: int, min_gain: float) -> bool:
-    """Whether a held-out curve has flattened: over its last ``evals`` values its best gained less than
-    ``min_gain`` on its best before them (so at least ``evals + 1`` values are needed). A curve that
-    keeps rising by less than ``min_gain`` a validation is not flat: its gain is counted over the window."""
-    if evals < 1 or len(values) <= evals:
-        return False
-    return max(values[-evals:]) - max(values[:-evals]) < min_gain
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -156,7 +153,8 @@ class Trainer:
         self.step = self.epoch = self.batch_idx = 0
         self.tokens_trained = 0  # real (unpadded) tokens of every step so far, across resumes
         self.corpus_tokens = sum(lengths)  # one pass over the corpus
-        self.curve: list[float] = []  # held-out top-1 at each validation, for the flat-curve stop
+        self.best = BestCheckpoint(cfg.get("best_by"), self.out)  # ``best.pt`` (``best_by``)
+        self.curve: list[float] = []  # held-out top-1 (or the best_by measure) at each validation: the flat stop
         self.validated_at = -1
         self.saved_at = 0
         self.log: MetricsLog | None = None
@@ -199,6 +197,7 @@ class Trainer:
         torch.set_rng_state(torch_rng.cpu())
         self.step, self.epoch, self.batch_idx = state["step"], state["epoch"], state["batch"]
         self.tokens_trained, self.curve = int(state.get("tokens_trained", 0)), list(state.get("curve", []))
+        self.best.best = state.get("best")
         self.saved_at = self.step
         if distributed.is_main():
             tqdm.write(f"[{self.desc}] resumed from {self.ckpt} at step {self.step}/{self.total}")
@@ -250,7 +249,8 @@ class Trainer:
             "model": trainable_state(self.module), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_idx,
             "noise_rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "fingerprint": self.fingerprint,
-            "tokens_trained": self.tokens_trained, "curve": self.curve})
+            "tokens_trained": self.tokens_trained, "curve": self.curve,
+            **({"best": self.best.best} if self.best.best else {})})
 
     # ---------------------------------------------------------------------------------- steps
     def validate(self) -> dict:
@@ -267,7 +267,7 @@ class Trainer:
             progress = {"tokens_trained": self.tokens_trained, "passes": passes}
             self.log.write({"step": self.step, "epoch": self.epoch, "split": "val", **progress, **stats})
             if "top1" in stats:
-                self.curve.append(float(stats["top1"]))
+                self.curve.append(self.best.value(stats, self.module, self.step))
             if distributed.is_main():
                 tqdm.write(f"[{self.desc}] step {self.step} val " + " ".join(f"{k}={v:.4g}" for k, v in stats.items()))
         return stats
@@ -353,16 +353,17 @@ class Trainer:
         bar.close()
         final = self.last_val if self.validated_at == self.step else {} if stopped else self.validate()
         self.log.close()
+        best = None if stopped and not flat else self.best.restore(self.module, self.device)
         # partial: ended by ``stop_after`` (to be resumed), not finished; a flat-curve stop is a finished run
         return {"step": self.step, "total_steps": self.total, "stopped": stopped, "flat": flat,
                 "partial": stopped and not flat,
                 "tokens_trained": self.tokens_trained, "passes": self.tokens_trained / max(self.corpus_tokens, 1),
-                "curve": list(self.curve), "train": last_stats, "val": final}
+                "curve": list(self.curve), "train": last_stats, "val": final, **({"best": best} if best else {})}
 
     def validate_flat(self) -> bool:
         """Validate (once per step: an epoch end on a ``val_every`` step validates once), then whether the
         held-out curve has flattened: over its last ``cfg.stop_when_flat`` validations (0 = never) its best
-        gained < ``cfg.flat_gain`` top-1 (``curve_flat``), which ends training."""
+        gained < ``cfg.flat_gain`` top-1 (or the ``best_by`` measure; ``curve_flat``), which ends training."""
         if self.validated_at != self.step:
             self.validate()
             self.validated_at = self.step

@@ -31,6 +31,8 @@ def validation(target, tokenizer, cfg, root: Path, section: str, chain=None) -> 
     """``loop.fit``'s validation arguments for ``train.<section>.val_set`` (module docstring); ``chain(module,
     target)`` gives the objective's greedy chain drafter, measured on ``mtbench``."""
     val_set = cfg.train[section].get("val_set", "corpus")
+    if cfg.train[section].get("best_by") == "tau" and (val_set != "mtbench" or chain is None):
+        raise ValueError(f"train.{section}.best_by: tau needs val_set: mtbench (the greedy-chain tau), not {val_set!r}")
     if val_set == "corpus":
         return {}
     if val_set != "mtbench":

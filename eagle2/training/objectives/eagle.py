@@ -58,8 +58,9 @@ def new_head(target, init_from_target: bool = False, num_layers: int = 1) -> Eag
 
 
 def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: float, w_reg: float,
-              w_cls: float, unroll: int = 1, unroll_cls_fraction: float = 1.0,
-              generator: torch.Generator | None = None, train: bool = True, with_stats: bool = True):
+              w_cls: float, unroll: int = 1, unroll_cls_fraction: float = 1.0, top_k: int = 0, w_topk: float = 0.0,
+              detach_unroll: bool = False, generator: torch.Generator | None = None, train: bool = True,
+              with_stats: bool = True):
     """EAGLE loss over a batch; returns (loss, stats). Noise only when ``train``; agreement stats
     (top-1, and top-4 when not training) only ``with_stats``.
 
@@ -67,7 +68,11 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
     ``f[j+1]`` like step 1. The steps' losses are averaged; ``top1`` stays step 1's, ``top1_s{s}`` is
     step ``s``'s. The cross-entropy (the 49k-vocabulary LM head, most of the cost) of steps >= 2 may
     use a random ``unroll_cls_fraction`` of their positions when training: an unbiased estimate at a
-    fraction of the cost."""
+    fraction of the cost. HASS (``objectives.hass``): ``w_topk`` times the top-``top_k`` distillation loss is
+    added (in the cross-entropy's pass, ``losses.top_k_target``; training only) and ``detach_unroll`` feeds each
+    step its predecessor's prediction without its gradient."""
+    if w_topk and not w_cls:
+        raise ValueError("w_topk needs w_cls > 0 (the top-k loss rides on the cross-entropy's pass)")
     proj = proj if train else proj.exact()
     feats = batch["features"]
     f_in = feats[:, :-1]
@@ -75,7 +80,9 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
         jitter = torch.rand(f_in.shape, generator=generator, device=f_in.device, dtype=f_in.dtype)
         f_in = f_in + (jitter * 2 - 1) * noise
     losses, stats = [], {}
-    for step, pred, sel in unrolled_predictions(head, batch["tokens"], f_in, answer_positions(batch), unroll):
+    topk = {"top_k": top_k, "top_k_weight": w_topk / w_cls} if w_topk and train else {}
+    for step, pred, sel in unrolled_predictions(head, batch["tokens"], f_in, answer_positions(batch), unroll,
+                                                detach_unroll):
         n = int(sel.sum())
         if n == 0:
             continue
@@ -83,7 +90,8 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
         reg = F.smooth_l1_loss(p, y)
         pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         p_cls, y_cls = (p, y) if pick is None else (p[pick], y[pick])
-        cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0)
+        cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0,
+                                             **topk)
         losses.append(w_reg * reg + w_cls * cls)
         if step == 1:
             step_stats.pop("entropy", None)
@@ -105,10 +113,13 @@ def head_setup(target, cfg, cls_vocab: torch.Tensor | None = None) -> tuple[Eagl
         head.draft_vocab = cls_vocab.clone()
     proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype), cls_vocab)
     unroll = int(cfg.unroll)
+    hass = {"top_k": int(cfg.get("top_k") or 0), "w_topk": float(cfg.get("w_topk") or 0.0),
+            "detach_unroll": bool(cfg.get("detach_unroll", False))}  # HASS's settings (objectives.hass)
     loss_fn = partial(head_loss, proj=proj, noise=cfg.noise, w_reg=cfg.w_reg, w_cls=cfg.w_cls, unroll=unroll,
-                      unroll_cls_fraction=float(cfg.unroll_cls_fraction))
-    # (the unroll settings are in the fingerprint only when unrolling: older checkpoints still resume)
+                      unroll_cls_fraction=float(cfg.unroll_cls_fraction), **hass)
+    # (the unroll and HASS settings are in the fingerprint only when on: older checkpoints still resume)
     extra = {} if unroll == 1 else {"unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction)}
+    extra |= {k: v for k, v in hass.items() if v and (k != "top_k" or hass["w_topk"])}
     if cls_vocab is not None:
         extra["cls_vocab_size"] = len(cls_vocab)
     return head, loss_fn, extra

@@ -5,6 +5,12 @@ after, drafting over its own vocabulary (``draft_vocab_size`` most frequent answ
 regression: at every unrolled step ("training-time test", ``unroll`` steps weighted ``step_decay ** i``; the
 authors: 7 and 0.8) the cross-entropy of its draft-vocabulary distribution against the target's next-token
 distribution restricted to that vocabulary. The export is the official layout.
+
+The authors' recipe is a set of settings here (``conf/train/sharegpt_eagle3_authors.yaml``): ``unroll``,
+``unroll_cls_fraction``, ``step_decay``, the draft vocabulary by size (``draft_vocab_size``) or by the share of
+answer tokens it covers (``draft_vocab_coverage``), ``mask_out_of_vocab`` (positions whose target argmax has
+no draft id leave the loss), ``taps`` (the tapped layers; null: 2, L//2, L-3), ``eagle31_norms`` (EAGLE-3.1's
+head) and the loop's optimizer settings.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch.nn.functional as F
 
 from eagle2.core.features import eagle3_layers
 from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target, load_eagle3_head, save_eagle3_head
-from eagle2.training.data import Sequence, tokens_by_frequency
+from eagle2.training.data import Sequence, answer_token_counts, tokens_by_frequency
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
 from eagle2.training.evaluation.heldout import validation
@@ -34,12 +40,15 @@ from eagle2.training.support.losses import (
 from eagle2.training.support.models import export
 
 
-def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
+def new_eagle3_head(target, draft_ids: torch.Tensor, taps: tuple[int, ...] | None = None,
+                    eagle31: bool = False) -> Eagle3Head:
     """A fresh fp32 EAGLE-3 head for ``target`` drafting over the target tokens ``draft_ids``: random
     ``fc`` and layer, its ``norm`` and ``lm_head`` started from the target's final norm and the target's
-    LM-head rows of those tokens (the head then begins as the target's own read-out)."""
+    LM-head rows of those tokens (the head then begins as the target's own read-out). ``taps``: the fused
+    target layers (None: EAGLE-3's 2, L//2, L-3); ``eagle31``: with EAGLE-3.1's norms."""
     L = target.config.num_hidden_layers
-    head = Eagle3Head(eagle3_config_from_target(target.config, len(torch.unique(draft_ids))), eagle3_layers(L))
+    config = eagle3_config_from_target(target.config, len(torch.unique(draft_ids)), eagle31=eagle31)
+    head = Eagle3Head(config, tuple(taps) if taps else eagle3_layers(L))
     head.set_draft_vocabulary(draft_ids)
     with torch.no_grad():
         head.norm.weight.copy_(target.base_model.norm.weight)
@@ -50,16 +59,26 @@ def new_eagle3_head(target, draft_ids: torch.Tensor) -> Eagle3Head:
     return head.to(target.device, torch.float32)
 
 
+def in_draft_vocab(head, proj: LossProjection, y: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """(N,) bool: whether the target's argmax over the FULL vocabulary at features ``y`` has a draft id."""
+    if head.draft_token_ids() is None:
+        return torch.ones(len(y), dtype=torch.bool, device=y.device)
+    argmax = torch.cat([proj(y[a:a + chunk]).argmax(-1) for a in range(0, len(y), chunk)])
+    return head.t2d.to(argmax.device)[argmax]
+
+
 def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
-                step_decay: float = 1.0, generator: torch.Generator | None = None, train: bool = True,
-                with_stats: bool = True):
+                step_decay: float = 1.0, mask_out_of_vocab: bool = False, generator: torch.Generator | None = None,
+                train: bool = True, with_stats: bool = True):
     """EAGLE-3 loss over a batch (tokens only, no feature regression): at every draft step, the
     cross-entropy of the head's own draft-vocabulary distribution ``lm_head(norm(p))`` against the
     target's next-token distribution restricted to the draft vocabulary, ``softmax(lm_head_T(f[j+1])[draft])``
     (``proj``: the target's LM head; its draft rows are taken here). The head reads the tapped layers
     (``layer_features``) at step 1 and its own outputs after (``unrolled_predictions``), and steps >= 2
     may use a random ``unroll_cls_fraction`` of their positions when training; step ``i`` (from 0) weighs
-    ``step_decay ** i`` (EAGLE-3's authors: 0.8, normalized here by the weights' sum). ``top1`` (step 1) is
+    ``step_decay ** i`` (EAGLE-3's authors: 0.8, normalized here by the weights' sum). ``mask_out_of_vocab``
+    (training only; the authors' rule): a position whose target argmax over the full vocabulary has no draft
+    id leaves the loss (``in_draft_vocab``; its share is ``oov`` in the stats). ``top1`` (step 1) is
     agreement with the target's argmax over the FULL vocabulary (a token outside the draft vocabulary is
     a miss), as ``agreement`` defines it, in training rows too (computed on logged steps only)."""
     proj = proj if train else proj.exact()
@@ -79,6 +98,14 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
         pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         if pick is not None:
             p, y = p[pick], y[pick]
+        if mask_out_of_vocab and train:
+            with torch.no_grad():
+                keep = in_draft_vocab(head, proj, y)
+            if step == 1:
+                stats["oov"] = 1.0 - float(keep.float().mean())
+            if not bool(keep.any()):
+                continue
+            p, y = p[keep], y[keep]
         logits = readout(p)
         with torch.no_grad():
             q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
@@ -97,9 +124,21 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
     return combine(losses, stats, feats, step_decay)
 
 
-def draft_vocabulary_ids(corpus_dir: str | Path, size: int, vocab_size: int) -> torch.Tensor:
-    """``size`` target token ids for an EAGLE-3 draft vocabulary: the most frequent in the corpus
-    answers, then (if the answers use fewer) the lowest unused ids, so the size is always ``size``."""
+def coverage_size(counts: torch.Tensor, coverage: float) -> int:
+    """The fewest most-frequent tokens whose occurrences make up at least ``coverage`` of all ``counts``."""
+    if not 0 < coverage <= 1:
+        raise ValueError(f"train.eagle3.draft_vocab_coverage must be in (0, 1], not {coverage}")
+    share = torch.cumsum(torch.sort(counts.double(), descending=True).values, 0) / counts.sum()
+    return int(torch.searchsorted(share, torch.tensor(coverage, dtype=share.dtype) - 1e-12)) + 1
+
+
+def draft_vocabulary_ids(corpus_dir: str | Path, size: int | None, vocab_size: int,
+                         coverage: float | None = None) -> torch.Tensor:
+    """Target token ids for an EAGLE-3 draft vocabulary: the ``size`` most frequent in the corpus answers
+    (with ``coverage``: as many as cover that share of the answer tokens, ``coverage_size``), then (if the
+    answers use fewer) the lowest unused ids, so the size is always ``size``."""
+    if coverage is not None:
+        size = coverage_size(answer_token_counts(corpus_dir), float(coverage))
     size = min(int(size), vocab_size)
     seen = tokens_by_frequency(corpus_dir, limit=size)
     if len(seen) < size:
@@ -114,15 +153,21 @@ def eagle3_setup(target, corpus_dir: str | Path, cfg):
     if cfg.init_from:
         head = load_eagle3_head(cfg.init_from, target).float().requires_grad_(True)
     else:
-        head = new_eagle3_head(target, draft_vocabulary_ids(corpus_dir, cfg.draft_vocab_size,
-                                                            target.config.vocab_size))
+        ids = draft_vocabulary_ids(corpus_dir, cfg.draft_vocab_size, target.config.vocab_size,
+                                   cfg.get("draft_vocab_coverage"))
+        head = new_eagle3_head(target, ids, cfg.get("taps"), bool(cfg.get("eagle31_norms", False)))
     proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype))
     unroll = int(cfg.unroll)
     decay = float(cfg.get("step_decay") or 1.0)  # step i of the unroll weighs decay ** i
+    mask = bool(cfg.get("mask_out_of_vocab", False))
     loss_fn = partial(eagle3_loss, proj=proj, unroll=unroll, unroll_cls_fraction=float(cfg.unroll_cls_fraction),
-                      step_decay=decay)
+                      step_decay=decay, mask_out_of_vocab=mask)
     extra = {"type": "eagle3", "unroll": unroll, "unroll_cls_fraction": float(cfg.unroll_cls_fraction),
              "draft_vocab_size": head.draft_vocab_size, **({"step_decay": decay} if decay != 1.0 else {})}
+    # (each recipe setting in the fingerprint only when it is not the default: older checkpoints still resume)
+    extra |= {"mask_out_of_vocab": True} if mask else {}
+    extra |= {"eagle31_norms": True} if head.tap_norms is not None else {}
+    extra |= {"taps": list(head.feature_layers)} if cfg.get("taps") else {}
     return head, loss_fn, extra
 
 

@@ -72,13 +72,23 @@ class LossProjection:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
 
 
+def top_k_target(q: torch.Tensor, top_k: int, weight: float) -> torch.Tensor:
+    """``q + weight * q * [v in the top_k of q]``: the soft target whose cross-entropy is the full one plus
+    ``weight`` times HASS's top-K distillation loss ``-sum_{v in topK(q)} q_v log p_v`` (not renormalized)."""
+    if not top_k or not weight:
+        return q
+    top = q.topk(min(top_k, q.shape[-1]), dim=-1)
+    return q.scatter_add(-1, top.indices, top.values * weight)
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
-    """Mean over rows of ``-sum_v q_v log softmax(x W^T)_v`` with ``q = softmax(y W^T)``, computed in
-    row chunks: the (rows, vocab) logits never exist at once and the gradient with respect to ``x``,
-    ``(softmax(x W^T) - q) W``, is formed during the forward. Agreement stats go into ``stats``."""
+    """Mean over rows of ``-sum_v r_v log softmax(x W^T)_v`` with ``q = softmax(y W^T)`` and ``r = q`` (or with
+    ``top_k``: ``top_k_target``), computed in row chunks: the (rows, vocab) logits never exist at once and the
+    gradient with respect to ``x``, ``(sum(r) softmax(x W^T) - r) W``, is formed during the forward. Agreement
+    stats go into ``stats``."""
 
     @staticmethod
-    def forward(ctx, x, y, weight, bias, chunk, topk, stats):
+    def forward(ctx, x, y, weight, bias, chunk, topk, stats, top_k=0, top_k_weight=0.0):
         n = x.shape[0]
         grad = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         total = entropy = 0.0
@@ -87,13 +97,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
             logp = torch.log_softmax(F.linear(x[a:a + chunk].to(weight.dtype), weight, bias).float(), -1)
             zq = F.linear(y[a:a + chunk].to(weight.dtype), weight, bias).float()
             q = torch.softmax(zq, -1)
-            total -= float(torch.linalg.vecdot(q, logp).sum())
+            r = top_k_target(q, top_k, top_k_weight)
+            total -= float(torch.linalg.vecdot(r, logp).sum())
             if topk:
                 ranked.append(ranked_ids(logp, topk))
                 wanted.append(target_ids(zq))
                 entropy -= float(torch.linalg.vecdot(q, torch.log_softmax(zq, -1)).sum())
             if grad is not None:
-                g = logp.exp_().sub_(q)
+                g = logp.exp_().mul_(r.sum(-1, keepdim=True)).sub_(r) if r is not q else logp.exp_().sub_(q)
                 grad[a:a + chunk] = (g.to(weight.dtype) @ weight).to(x.dtype)
         if topk:
             counts = agreement_counts(torch.cat(ranked), torch.cat(wanted), ks=(1, topk) if topk > 1 else (1,))
@@ -105,7 +116,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (grad,) = ctx.saved_tensors
-        return grad * (grad_out / ctx.n), None, None, None, None, None, None
+        return grad * (grad_out / ctx.n), None, None, None, None, None, None, None, None
 
 
 class LogitsSoftCrossEntropy(torch.autograd.Function):
@@ -129,12 +140,13 @@ class LogitsSoftCrossEntropy(torch.autograd.Function):
 
 
 def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *, topk: int = 4,
-                       chunk: int = 1024) -> tuple[torch.Tensor, dict]:
+                       chunk: int = 1024, top_k: int = 0, top_k_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Soft cross-entropy of ``lm_head(x)`` against ``softmax(lm_head(y))`` (``y`` gets no gradient).
     With ``topk >= 1`` also top-1 / top-``topk`` agreement with ``argmax lm_head(y)`` and the entropy
-    of the target distribution (``topk=0``: the loss only, a little faster)."""
+    of the target distribution (``topk=0``: the loss only, a little faster). ``top_k``, ``top_k_weight``: plus
+    that weight times the top-K distillation loss (``top_k_target``), in the same pass over the LM head."""
     stats: dict = {}
-    loss = _SoftCrossEntropy.apply(x, y.detach(), proj.weight, proj.bias, chunk, topk, stats)
+    loss = _SoftCrossEntropy.apply(x, y.detach(), proj.weight, proj.bias, chunk, topk, stats, top_k, top_k_weight)
     return loss, stats
 
 
@@ -153,7 +165,8 @@ def unroll_mask(length: int, step: int, dtype: torch.dtype, device=None) -> torc
     return additive_mask(torch.cat(parts, dim=1), dtype, device)
 
 
-def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer: torch.Tensor, unroll: int):
+def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer: torch.Tensor, unroll: int,
+                         detach: bool = False):
     """The head's predictions at draft steps 1..``unroll`` over a batch: yields (step, pred, sel) with
     ``pred`` (B, n_pos - step + 1, h) and ``sel`` the answer positions among them.
 
@@ -161,7 +174,9 @@ def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer:
     ``(t[j+s], its own step s-1 prediction)`` at every position and attends as drafting does
     (``unroll_mask``); its prediction at index i stands for position ``j = i + s - 1`` and is fitted to
     the target at ``j + 1``. Tokens are the true ones (a chain is only worth anything while its tokens
-    are right)."""
+    are right). This is HASS's harmonized context alignment too: at step ``s`` the chain's earlier positions
+    are its own features, as decoding sees them; ``detach`` (HASS) feeds each step its predecessor's
+    prediction without its gradient."""
     b, n_pos = tokens.shape[0], tokens.shape[1] - 1
     pos = torch.arange(n_pos, device=tokens.device)
     cache = new_cache(head) if unroll > 1 else None
@@ -171,7 +186,8 @@ def unrolled_predictions(head, tokens: torch.Tensor, f_in: torch.Tensor, answer:
         if step > 1:
             if n_pos - step + 1 <= 0:
                 return
-            pred = head(tokens[:, step:], pred[:, :-1], position_ids=pos[step - 1:].expand(b, -1),
+            prev = pred[:, :-1].detach() if detach else pred[:, :-1]
+            pred = head(tokens[:, step:], prev, position_ids=pos[step - 1:].expand(b, -1),
                         attention_mask=unroll_mask(n_pos, step, f_in.dtype, tokens.device), cache=cache)
         yield step, pred, answer[:, step - 1:]
 
