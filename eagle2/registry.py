@@ -3,8 +3,8 @@ shown. Reads YAML only (no torch, no drafter): the results store, the prompts, t
 analysis all read it.
 
 - methods, ``conf/method/<name>.yaml``: ``drafter`` (a ``module.function`` path building the drafter),
-  ``weights`` (model-config keys of the drafter weights it needs, each a weight kind of
-  ``eagle2.heads.kinds``), ``display`` (e.g. "EAGLE-2") and ``order`` (an int: where tables list it). A
+  ``weights`` (model-config keys of the drafter weights it needs, each a drafter family of
+  ``eagle2.heads.family``), ``display`` (e.g. "EAGLE-2") and ``order`` (an int: where tables list it). A
   method config made in code without them (tests build ``{"name": "sps", "k": 2}``) takes them from its YAML.
 - benchmarks, ``conf/dataset/<name>.yaml``: ``title`` (the paper's column title, e.g. "MT-bench", which
   also heads the published table's column), ``display`` and ``order``.
