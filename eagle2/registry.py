@@ -69,10 +69,7 @@ def model_architecture(name: str) -> dict | None:
     plain YAML (the GPU check reads it without omegaconf)."""
     import yaml
 
-    path = MODEL_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown model {name!r}: no {path}")
-    return (yaml.safe_load(path.read_text()) or {}).get("architecture")
+    return (yaml.safe_load((MODEL_DIR / f"{name}.yaml").read_text()) or {}).get("architecture")
 
 
 def gpu_models() -> list[str]:

@@ -1,9 +1,8 @@
 """Drafter families, each declared once, in the heads module of its weight format, as
-``FAMILY = Family(key, load, save)``. ``key`` is the family's one name: the model-config key naming where its
-weights are (``model.<key>``, default null in ``conf/model/_base.yaml``), the weight kind a ``conf/method`` YAML
-lists under ``weights``; ``load(location, target)`` reads them for a target, ``save(module, folder, dtype=None)``
-writes them in that format (what training exports through). A family's training objective
-(``eagle2.training.objectives``) names the family it trains (``Objective(family=FAMILY)``), never the reverse.
+``FAMILY = Family(key, load, save)``. ``key`` is its one name: the model-config key of its weights' location
+(``model.<key>``, null in ``conf/model/_base.yaml``), what a ``conf/method`` YAML lists under ``weights``, and
+the stage and section name of a new objective training it (``Objective(family=FAMILY)``, never the reverse).
+``load(location, target)`` reads them, ``save(module, folder, dtype=None)`` writes them (training exports so).
 
 A family whose location is not a weights folder (REST's datastore is one ``.npz`` file) gives its own
 ``check(location, key)``, run before any model loads; the others get ``heads.locations``' folder checks, which
@@ -11,8 +10,7 @@ look for one of its ``files`` (best first; the safetensors/bin pair of ``heads.c
 ``fixture`` names (``"module:function"``, imported only by the tests) the writer of a random checkpoint in its
 published format for a small target: ``(folder, target_config, seed) -> location``.
 
-``families()`` discovers them by importing the modules of ``eagle2.heads``: a new family is one new heads
-module, nothing else to register.
+``families()`` discovers them by importing the modules of ``eagle2.heads``: nothing else to register.
 """
 
 from __future__ import annotations
