@@ -3,9 +3,11 @@ shown. Reads YAML only (no torch, no drafter): the results store, the prompts, t
 analysis all read it.
 
 - methods, ``conf/method/<name>.yaml``: ``drafter`` (a ``module.function`` path building the drafter),
-  ``weights`` (model-config keys of the drafter weights it needs, each a weight kind of
-  ``eagle2.heads.kinds``), ``display`` (e.g. "EAGLE-2") and ``order`` (an int: where tables list it). A
+  ``weights`` (model-config keys of the drafter weights it needs, each a drafter family of
+  ``eagle2.heads.family``), ``display`` (e.g. "EAGLE-2") and ``order`` (an int: where tables list it). A
   method config made in code without them (tests build ``{"name": "sps", "k": 2}``) takes them from its YAML.
+- models, ``conf/model/<name>.yaml``: ``architecture``, the target's hub ``config.json`` facts (a GPU model's
+  shapes, for random stand-ins: ``eagle2.heads.shapes``); ``model_architecture``, ``gpu_models``.
 - benchmarks, ``conf/dataset/<name>.yaml``: ``title`` (the paper's column title, e.g. "MT-bench", which
   also heads the published table's column), ``display`` and ``order``.
 
@@ -21,6 +23,7 @@ from pathlib import Path
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 METHOD_DIR = CONF_DIR / "method"
 DATASET_DIR = CONF_DIR / "dataset"
+MODEL_DIR = CONF_DIR / "model"
 SPEC_KEYS = ("drafter", "weights", "display", "order")  # how a method is built and shown: not hashed
 
 
@@ -58,6 +61,20 @@ def _yaml(folder: Path, name: str):
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ValueError(f"unknown {folder.name} {name!r}; choose one of {', '.join(known)}")
     return OmegaConf.load(path)
+
+
+@lru_cache(maxsize=None)
+def model_architecture(name: str) -> dict | None:
+    """The ``architecture`` a model config states (its target's ``config.json`` facts), None where it states none;
+    plain YAML (the GPU check reads it without omegaconf)."""
+    import yaml
+
+    return (yaml.safe_load((MODEL_DIR / f"{name}.yaml").read_text()) or {}).get("architecture")
+
+
+def gpu_models() -> list[str]:
+    """The model configs that state their architecture (every GPU model; not the embedded CPU model)."""
+    return sorted(p.stem for p in MODEL_DIR.glob("*.yaml") if not p.stem.startswith("_") and model_architecture(p.stem))
 
 
 def _entry(folder: Path, name: str) -> Entry:

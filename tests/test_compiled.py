@@ -140,7 +140,7 @@ def test_compile_choice():
 def test_compiled_smollm2_equals_eager_plain(smollm2, name):
     from eagle2.bench.methods import build_drafter
     from eagle2.bench.runner import resolve_artifact
-    from eagle2.heads.kinds import weight_kinds
+    from eagle2.heads.family import families
     from eagle2.prompts.chat import encode_conversation
     from eagle2.registry import method_spec
     from tests.test_results_store import config
@@ -148,10 +148,10 @@ def test_compiled_smollm2_equals_eager_plain(smollm2, name):
     target, tokenizer = smollm2
     cfg = config(f"method={name}")  # the real composition: method settings interpolate the model's
     method, model_cfg = cfg.method, cfg.model
-    weights = {key: weight_kinds()[key].load(resolve_artifact(model_cfg[key]), target)
+    weights = {key: families()[key].load(resolve_artifact(model_cfg[key]), target)
                for key in method_spec(method).weights}
     compiled = with_path(target, compile=True)
-    weights_c = {key: weight_kinds()[key].load(resolve_artifact(model_cfg[key]), compiled)
+    weights_c = {key: families()[key].load(resolve_artifact(model_cfg[key]), compiled)
                  for key in method_spec(method).weights}
     for part in compile_choice.compiled_heads(weights_c):  # the draft heads on the compiled path too
         part.warm_up()

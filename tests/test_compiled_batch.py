@@ -110,7 +110,7 @@ def test_batched_compiled_smollm2_equals_eager_plain(smollm2, name):
     import eagle2.core.engine as engine
     from eagle2.bench.methods import build_drafter
     from eagle2.bench.runner import resolve_artifact
-    from eagle2.heads.kinds import weight_kinds
+    from eagle2.heads.family import families
     from eagle2.prompts.chat import encode_conversation
     from eagle2.registry import method_spec
     from tests.test_results_store import config
@@ -118,7 +118,7 @@ def test_batched_compiled_smollm2_equals_eager_plain(smollm2, name):
     target, tokenizer = smollm2
     method = config(f"method={name}").method
     compiled = with_path(target, compile=True)
-    weights = {key: weight_kinds()[key].load(resolve_artifact(config(f"method={name}").model[key]), compiled)
+    weights = {key: families()[key].load(resolve_artifact(config(f"method={name}").model[key]), compiled)
                for key in method_spec(method).weights}
     for part in compile_choice.compiled_heads(weights, rows=3):
         part.warm_up()

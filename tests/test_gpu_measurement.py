@@ -25,7 +25,7 @@ import eagle2.bench.runner as runner
 import eagle2.core.engine as engine
 from eagle2.core.clock import device_clock
 from eagle2.heads.eagle_head import save_head
-from eagle2.heads.kinds import weight_kinds
+from eagle2.heads.family import families
 from eagle2.results.store import read_rows
 from tests.conftest import tiny_head
 
@@ -104,7 +104,7 @@ def test_cuda_oom_in_a_sweep_cell_is_a_failed_row_and_the_sweep_goes_on(tmp_path
         return real_forward(model, input_ids, cache, **kw)
 
     monkeypatch.setattr(engine, "forward_target", forward_oom_on_trees)
-    monkeypatch.setitem(weight_kinds(), "sps_draft", dataclasses.replace(weight_kinds()["sps_draft"], load=_oom))
+    monkeypatch.setitem(families(), "sps_draft", dataclasses.replace(families()["sps_draft"], load=_oom))
     head = save_head(tiny_head(smollm2[0]), tmp_path / "head")
     results = tmp_path / "results"
     monkeypatch.setattr(sys, "argv", [

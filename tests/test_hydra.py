@@ -20,8 +20,8 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import choice_paths
 from eagle2.drafters.hydra import HydraDrafter
-from eagle2.heads.hydra_heads import WEIGHT_KIND, HydraHeads, load_hydra_heads, save_hydra_heads
-from eagle2.heads.kinds import weight_kinds
+from eagle2.heads.family import families
+from eagle2.heads.hydra_heads import FAMILY, HydraHeads, load_hydra_heads, save_hydra_heads
 from tests.conftest import tiny_llama
 from tests.test_medusa import shipped_heads_accept_losslessly, wrong_commit_is_caught
 
@@ -94,7 +94,7 @@ def test_loading_is_strict(target, tmp_path):
 
 
 def test_weight_kind_is_registered():
-    assert weight_kinds()["hydra_head"] is WEIGHT_KIND
+    assert families()["hydra_head"] is FAMILY
 
 
 # ---- the tree: each node's children come from its own path ----

@@ -22,6 +22,7 @@ from eagle2.bench.placement import (
     weights_bytes,
 )
 from eagle2.heads.shapes import llama_config
+from eagle2.registry import model_architecture
 
 GIB = 2**30
 H200_FREE = 140 * GIB  # an idle 141 GB H200: ~140 GiB free
@@ -43,10 +44,10 @@ def gpus(monkeypatch):
 def test_70b_in_fp16_on_one_h200_is_placed_within_an_explicit_budget(gpus):
     """131.5 GiB of weights: accelerate's default 90% of 140 GiB (126 GiB) would offload the last layers;
     the explicit budget (free memory less the 6 GiB reserve: 134 GiB) keeps them all on the GPU."""
-    needed = weights_bytes(llama_config("llama3_70b"), torch.float16)
+    needed = weights_bytes(llama_config(model_architecture("llama3_70b")), torch.float16)
     assert 0.9 * H200_FREE < needed < H200_FREE - 6 * GIB  # 70.6 B parameters x 2 bytes
     gpus(1)
-    largest = largest_layer_bytes(llama_config("llama3_70b"), torch.float16)
+    largest = largest_layer_bytes(llama_config(model_architecture("llama3_70b")), torch.float16)
     plan = max_memory("llama3_70b", needed, placement.gpu_budgets(model_cfg()), allow_offload=False, largest=largest)
     assert plan == {0: H200_FREE - 6 * GIB}  # no "cpu", no "disk": nowhere to offload
 
@@ -54,7 +55,7 @@ def test_70b_in_fp16_on_one_h200_is_placed_within_an_explicit_budget(gpus):
 def test_a_margin_under_accelerates_reserve_is_refused_in_one_line(gpus):
     """accelerate keeps the largest layer's size free on the first GPU (LLaMA-3-70B: its 128k-row LM head,
     1.96 GiB): a target with less to spare than that would end in transformers' offload_folder error."""
-    config = llama_config("llama3_70b")
+    config = llama_config(model_architecture("llama3_70b"))
     needed, largest = weights_bytes(config, torch.float16), largest_layer_bytes(config, torch.float16)
     assert largest == 128256 * 8192 * 2  # the LM head, the largest layer accelerate finds
     gpus(1, free=needed + 6 * GIB + GIB)  # one GiB to spare after the reserve: under the LM head
@@ -64,7 +65,7 @@ def test_a_margin_under_accelerates_reserve_is_refused_in_one_line(gpus):
 
 
 def test_70b_in_fp16_on_one_80gb_gpu_is_refused_in_one_line(gpus):
-    needed = weights_bytes(llama_config("llama3_70b"), torch.float16)
+    needed = weights_bytes(llama_config(model_architecture("llama3_70b")), torch.float16)
     gpus(1, free=79 * GIB)
     budgets = placement.gpu_budgets(model_cfg())
     with pytest.raises(PlacementError) as exc:
@@ -77,7 +78,7 @@ def test_70b_in_fp16_on_one_80gb_gpu_is_refused_in_one_line(gpus):
 
 def test_70b_over_two_h200s_gets_explicit_budgets_and_no_host_memory(gpus):
     gpus(2)
-    needed = weights_bytes(llama_config("llama3_70b"), torch.float16)
+    needed = weights_bytes(llama_config(model_architecture("llama3_70b")), torch.float16)
     plan = max_memory("llama3_70b", needed, placement.gpu_budgets(model_cfg()), allow_offload=False)
     assert plan == {0: H200_FREE - 6 * GIB, 1: H200_FREE - 6 * GIB}  # no "cpu", no "disk": nowhere to offload
 
@@ -87,7 +88,7 @@ def test_explicit_max_memory_is_used_as_given(gpus):
     cfg = model_cfg(max_memory={0: "60GiB", 1: "70GiB"})
     assert placement.gpu_budgets(cfg) == {0: 60 * GIB, 1: 70 * GIB}
     with pytest.raises(PlacementError, match="130.0 GiB"):
-        max_memory("llama3_70b", weights_bytes(llama_config("llama3_70b"), torch.float16),
+        max_memory("llama3_70b", weights_bytes(llama_config(model_architecture("llama3_70b")), torch.float16),
                    placement.gpu_budgets(cfg), allow_offload=False)
 
 

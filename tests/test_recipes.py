@@ -99,7 +99,8 @@ def test_the_recipe_runs_every_declared_objective(monkeypatch):
     from eagle2.training import recipe as stages
     from eagle2.training.objectives import Objective, objectives
 
-    assert list(objectives()) == ["head", "eagle3", "draft", "medusa", "hass", "hydra", "joint"]
+    shipped = ["head", "eagle3", "draft", "medusa", "hydra", "joint"]  # a new objective may join them anywhere
+    assert [stage for stage in objectives() if stage in shipped] == shipped
     assert stages.STAGES == ("corpus", "head", "eagle3", "draft", "medusa", "eval")
     assert {"joint", "hydra", "hass"} <= set(stages.EXTRA_STAGES) and "medusa" not in stages.DATA_PARALLEL_STAGES
     ran = []

@@ -149,11 +149,11 @@ def test_global_tree_carries_outputs_across_requests_of_a_run():
 
 def test_a_missing_datastore_is_one_line_naming_the_build(tmp_path):
     from eagle2.heads.checkpoint import WeightLocationError
-    from eagle2.heads.kinds import weight_kinds
+    from eagle2.heads.family import families
 
     build = r"python -m experiments\.ops\.build_datastore --corpus chat --out"
     with pytest.raises(WeightLocationError, match=build) as err:
-        weight_kinds()["rest_datastore"].load(str(tmp_path / "none.npz"), None)
+        families()["rest_datastore"].load(str(tmp_path / "none.npz"), None)
     assert "\n" not in str(err.value)
 
 

@@ -2,13 +2,13 @@
 of every method through the runner on this CPU, with random weights of that model's shapes, and each
 method's output is token-identical to plain decoding in fp32.
 
-Targets are written from the published config facts (``eagle2.heads.shapes``: width, heads, KV heads,
+Targets are written from the model config's ``architecture`` (its config.json: width, heads, KV heads,
 vocabulary, RoPE, norm epsilon) with 1-2 decoder layers, with a byte-level tokenizer that has that
 family's vocabulary size and special tokens at their real ids, so the model config's own chat template,
 stop tokens and budget (the authors' total_token 60, depth 5, top_k 10) are what run. Drafter weights
-come from ``tests/zoo_fixtures.WEIGHT_WRITERS`` in the published formats (an EAGLE-1/2 head as the
-authors publish it, an SpS draft like ``double7/vicuna-68m``); a method whose weight kind has no
-writer yet is skipped with that reason. Passed with ``model.path=``/``model.head=``/``model.sps_draft=``.
+come from each drafter family's ``fixture`` writer in its published format (an EAGLE-1/2 head as the
+authors publish it, an SpS draft like ``double7/vicuna-68m``); a method whose family names no writer is
+skipped with that reason. Passed with ``model.path=``/``model.head=``/``model.sps_draft=``.
 
 Two scales: ``narrow``: every config as a narrow proxy, 8 dimensions per attention head, 2 layers
 (vicuna7b by default, the others marked slow: ~20-40 s each on 2 cores); ``true`` (slow): the real width
@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 
 from eagle2.bench.runner import run
-from eagle2.heads.shapes import PUBLISHED, llama_config
-from eagle2.registry import known_methods, method_spec
+from eagle2.heads.shapes import llama_config
+from eagle2.registry import gpu_models, known_methods, method_spec, model_architecture
 from eagle2.results.store import read_rows
 from tests.test_runner import config
-from tests.zoo_fixtures import SPECIAL_TOKENS, WEIGHT_WRITERS, write_target
+from tests.zoo_fixtures import SPECIAL_TOKENS, weight_writers, write_target
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml") if p.stem not in ("smollm2", "_base"))
+GPU_MODELS = gpu_models()
 MAX_TRUE_WIDTH, PROXY_WIDTH = 5120, 2048  # 70B models' 8192 (~10 GB in fp32 for 1 layer + a head) do not fit
 DEFAULT_ZOO = ("vicuna7b",)  # in the default (fast) suite at narrow width; the rest is marked slow
 QUESTION = {"question_id": 1, "category": "smoke", "turns": ["Name three colours of the rainbow."]}
@@ -41,8 +41,8 @@ NEW_TOKENS = 6
 def zoo_shape(name: str, scale: str) -> tuple[int, int]:
     """(layers, width) of the zoo model for ``name`` at ``scale``."""
     if scale == "narrow":
-        return 2, PUBLISHED[name]["num_attention_heads"] * 8
-    width = PUBLISHED[name]["hidden_size"]
+        return 2, model_architecture(name)["num_attention_heads"] * 8
+    width = model_architecture(name)["hidden_size"]
     return 1, width if width <= MAX_TRUE_WIDTH else PROXY_WIDTH
 
 
@@ -55,9 +55,9 @@ def zoo(tmp_path_factory):
         if (name, scale) not in built:
             root = tmp_path_factory.mktemp(f"{name}-{scale}")
             layers, width = zoo_shape(name, scale)
-            target_config = llama_config(name, layers=layers, width=width)
+            target_config = llama_config(model_architecture(name), layers=layers, width=width)
             target = write_target(root / "target", target_config)
-            weights = {kind: writer(root / kind, target_config) for kind, writer in WEIGHT_WRITERS.items()}
+            weights = {kind: writer(root / kind, target_config) for kind, writer in weight_writers().items()}
             questions = root / "questions.jsonl"
             questions.write_text(json.dumps(QUESTION) + "\n")
             common = [f"model={name}", f"model.path={target}", "model.device=cpu", "model.dtype=float32",
@@ -81,9 +81,9 @@ def decode(zoo, name: str, scale: str, method: str) -> dict:
 
 
 def check_method(zoo, name: str, scale: str, method: str) -> None:
-    missing = [kind for kind in method_spec(config(f"method={method}").method).weights if kind not in WEIGHT_WRITERS]
+    missing = [kind for kind in method_spec(config(f"method={method}").method).weights if kind not in weight_writers()]
     if missing:
-        pytest.skip(f"no random-checkpoint writer for weight kind {missing} yet (tests/zoo_fixtures.WEIGHT_WRITERS)")
+        pytest.skip(f"drafter family {missing} names no random-checkpoint writer (its Family.fixture)")
     target_config = zoo(name, scale)[0]
     plain = decode(zoo, name, scale, "plain")
     specials = SPECIAL_TOKENS[target_config.vocab_size]
@@ -109,4 +109,5 @@ def test_zoo_true_width_every_method_equals_plain(zoo, name, method):
 
 
 def test_zoo_covers_every_gpu_model_config():
-    assert set(GPU_MODELS) == set(PUBLISHED), "a GPU model config without published shapes in eagle2/heads/shapes.py"
+    configs = {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")} - {"smollm2", "_base"}
+    assert set(GPU_MODELS) == configs, "a GPU model config that states no architecture (its config.json facts)"

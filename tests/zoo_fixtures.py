@@ -4,9 +4,10 @@ tokenizer with that family's vocabulary size and special tokens, EAGLE-1/2 heads
 format and variants, EAGLE-3 heads in the official layout, SpS drafts as full causal-LM checkpoints (like
 ``double7/vicuna-68m``).
 
-``WEIGHT_WRITERS`` maps a drafter-weight kind (a model-config key that a ``conf/method`` YAML lists
-under ``weights``) to its random-checkpoint writer ``(folder, target_config, seed) -> folder``. A method
-whose weight kind has no writer here is skipped by the zoo test with that reason: add the writer here.
+``weight_writers()`` maps a drafter family (a model-config key that a ``conf/method`` YAML lists under
+``weights``) to the random-checkpoint writer its declaration names (``eagle2.heads.family.Family.fixture``;
+the published-format writers of the shipped families are here). A method whose family names no writer is
+skipped by the zoo test with that reason.
 """
 
 from __future__ import annotations
@@ -235,15 +236,19 @@ def write_hydra_head(folder: Path, target_config: LlamaConfig, seed: int = 5, *,
     return save_hydra_heads(heads, folder, dtype=torch.float16)
 
 
-WEIGHT_WRITERS = {  # drafter-weight kind -> (folder, target_config, seed) -> folder (or file)
-    "head": write_published_head,
-    "hass_head": write_published_head,  # a HASS head is an EAGLE head in its published format
-    "sps_draft": write_full_draft,
-    "medusa_head": write_medusa_head,
-    "hydra_head": write_hydra_head,
-    "eagle3_head": write_eagle3_head,
-    "rest_datastore": write_rest_datastore,
-}
+def weight_writers() -> dict:
+    """Drafter family key -> its random-checkpoint writer ``(folder, target_config, seed) -> location``, as each
+    family names it (``Family.fixture``)."""
+    import importlib
+
+    from eagle2.heads.family import families
+
+    writers = {}
+    for key, family in families().items():
+        if family.fixture:
+            module, _, name = family.fixture.partition(":")
+            writers[key] = getattr(importlib.import_module(module), name)
+    return writers
 
 
 def full_draft_keys(config: LlamaConfig) -> set[str]:

@@ -30,7 +30,7 @@ from eagle2.core.engine import ContextOverflowError, generate
 from eagle2.core.kernels import accelerate, kernels_in_use
 from eagle2.core.precision import concrete_dtype
 from eagle2.core.sampling import SamplingParams
-from eagle2.heads.kinds import weight_kinds
+from eagle2.heads.family import families
 from eagle2.prompts.chat import encode_conversation, stop_ids
 from eagle2.prompts.questions import PROJECT_ROOT, benchmark_file, load_questions
 from eagle2.registry import method_spec
@@ -77,7 +77,7 @@ def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
 
     locations = drafter_locations(cfg)
     for key, location in locations.items():
-        kind = weight_kinds()[key]
+        kind = families()[key]
         if kind.check is not None:
             kind.check(location, f"model.{key}")
         else:
@@ -97,9 +97,9 @@ def check_same_weights(store: ResultStore, fingerprints: dict[str, str | None]) 
 
 def load_drafter_weights(cfg: DictConfig, target) -> dict:
     """The drafter weights the method needs (its YAML's ``weights``), by model-config key, each read by its
-    weight kind's loader (``eagle2.heads.kinds``), with the target's fast kernels (``model.kernels``) where
+    family's loader (``eagle2.heads.family``), with the target's fast kernels (``model.kernels``) where
     they are modules (a REST datastore is data)."""
-    loaded = {key: weight_kinds()[key].load(location, target) for key, location in drafter_locations(cfg).items()}
+    loaded = {key: families()[key].load(location, target) for key, location in drafter_locations(cfg).items()}
     short = bool(cfg.model.get("short_attention", True))
     return {key: accelerate(w, cfg.model.get("kernels", "auto"), short_attention=short)
             if isinstance(w, torch.nn.Module) else w for key, w in loaded.items()}

@@ -32,7 +32,7 @@ from eagle2.heads.checkpoint import (
     drop_rotary_buffers,
     read_weights,
 )
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
 log = logging.getLogger(__name__)
 
@@ -170,4 +170,4 @@ def load_draft_model(location: str | Path, target):
     return cast_like_target(draft, target).eval()
 
 
-WEIGHT_KIND = WeightKind("sps_draft", load_draft_model, save_draft_model)
+FAMILY = Family("sps_draft", load_draft_model, save_draft_model, fixture="tests.zoo_fixtures:write_full_draft")

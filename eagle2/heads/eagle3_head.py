@@ -44,7 +44,7 @@ from eagle2.heads.checkpoint import (
     read_weights,
     shared_or_own_embedding,
 )
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
 
 class Eagle3Attention(nn.Module):
@@ -280,4 +280,4 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | 
     return folder
 
 
-WEIGHT_KIND = WeightKind("eagle3_head", load_eagle3_head, save_eagle3_head)
+FAMILY = Family("eagle3_head", load_eagle3_head, save_eagle3_head, fixture="tests.zoo_fixtures:write_eagle3_head")

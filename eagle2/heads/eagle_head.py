@@ -42,7 +42,7 @@ from eagle2.heads.checkpoint import (
     shared_or_own_embedding,
     write_token_ids,
 )
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
@@ -160,4 +160,4 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = N
     return folder
 
 
-WEIGHT_KIND = WeightKind("head", load_head, save_head)
+FAMILY = Family("head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head")

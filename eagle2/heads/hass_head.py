@@ -1,10 +1,10 @@
 """The HASS head's weights (``model.hass_head``): an EAGLE-1 head in its published format
-(``eagle2.heads.eagle_head``), trained by HASS's objective (``eagle2.training.objectives.hass``); its own weight
-kind so that a model names it beside the EAGLE head it was warm-started from."""
+(``eagle2.heads.eagle_head``), trained by HASS's objective (``eagle2.training.objectives.hass``); its own drafter
+family so that a model names it beside the EAGLE head it was warm-started from."""
 
 from __future__ import annotations
 
 from eagle2.heads.eagle_head import load_head, save_head
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
-WEIGHT_KIND = WeightKind("hass_head", load_head, save_head)
+FAMILY = Family("hass_head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head")

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 from eagle2.heads.medusa_heads import DRAFT_VOCAB_FILE, HeadStack, ResBlock, read_draft_vocab, save_head_stack
 
 CONFIG_FILE = "config.json"
@@ -146,4 +146,5 @@ def save_hydra_heads(heads: HydraHeads, folder: str | Path, dtype: torch.dtype |
     return save_head_stack(heads, folder, WEIGHT_FILE, dtype, **config)
 
 
-WEIGHT_KIND = WeightKind("hydra_head", load_hydra_heads, save_hydra_heads, files=(WEIGHT_FILE,))
+FAMILY = Family("hydra_head", load_hydra_heads, save_hydra_heads, files=(WEIGHT_FILE,),
+                fixture="tests.zoo_fixtures:write_hydra_head")

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file, read_token_ids, write_token_ids
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
 log = logging.getLogger(__name__)
 
@@ -223,4 +223,5 @@ def write_draft_vocab(token_ids: torch.Tensor | None, folder: Path) -> None:
         write_token_ids(token_ids, folder / DRAFT_VOCAB_FILE)
 
 
-WEIGHT_KIND = WeightKind("medusa_head", load_medusa_heads, save_medusa_heads, files=WEIGHT_FILES)
+FAMILY = Family("medusa_head", load_medusa_heads, save_medusa_heads, files=WEIGHT_FILES,
+                fixture="tests.zoo_fixtures:write_medusa_head")

@@ -10,7 +10,7 @@ length with any match wins; up to ``max_matches`` occurrences (suffix-array orde
 next entry); every prefix of a continuation is counted, and the ``choices`` most frequent prefixes form
 the draft trie. Saved as one ``.npz`` (``tokens`` int32, ``suffixes`` int32, ``depth``; no pickles).
 Knows nothing about models; the corpora are ``eagle2.training.support.datastore``'s. Drafter data, declared as the
-weight kind ``rest_datastore`` (``eagle2.heads.kinds``) like the heads.
+drafter family ``rest_datastore`` (``eagle2.heads.family``) like the heads.
 
 Why not the authors' ``draftretriever`` (PyPI 0.1.1, a Rust extension): it returns the trie without its
 counts (no per-node confidence, no best-first siblings), the released wheel differs from the repository's
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle2.heads.kinds import WeightKind
+from eagle2.heads.family import Family
 
 SEPARATOR = -1  # between entries in the datastore
 PAD = -2  # past a continuation's end
@@ -155,4 +155,5 @@ def save_datastore(store: Datastore, path: str | Path, dtype=None) -> Path:
     return store.save(path)
 
 
-WEIGHT_KIND = WeightKind("rest_datastore", load_datastore, save_datastore, check_datastore)
+FAMILY = Family("rest_datastore", load_datastore, save_datastore, check_datastore,
+                fixture="tests.zoo_fixtures:write_rest_datastore")

@@ -32,7 +32,7 @@ def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     for kind in kinds:
         objective = objectives()[kind]
         folder = root / export[objective.export_key]
-        model = objective.load(folder, target)
+        model = objective.family.load(folder, target)
         metrics = {"target": cfg.model.name, "artifact": str(folder), "settings": settings}
         for name, seqs in sets.items():
             metrics[name] = objective.evaluate(model, target, seqs, ev)

@@ -4,7 +4,7 @@ A module of this package that declares ``OBJECTIVE = Objective(...)`` is a ``tra
 name; its settings are the section of the same name in ``conf/train/*.yaml``. ``objectives()`` discovers them
 by importing the package's modules, so a new objective is its module and its config section, nothing else to
 register: the recipe runs it (in ``stage=all`` at its ``order``), the preflight checks its corpus and its
-``resume_dir``, torchrun may run it (``data_parallel``), and with ``export_key``, ``load`` and ``evaluate`` the
+``resume_dir``, torchrun may run it (``data_parallel``), and with ``export_key``, ``family`` and ``evaluate`` the
 eval stage measures its export. ``train_objective`` is the part every objective's training shares: the corpus
 split, online features for a token corpus, the loop (``loop.fit``), the shards it read.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from eagle2.heads.family import Family
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.features import featurizer, online_fingerprint
 from eagle2.training.loop import fit
@@ -35,7 +36,7 @@ class Objective:
     corpus_key: str = "corpus.out_dir"  # train.<corpus_key>: the corpus it trains on (the preflight looks there)
     data_parallel: bool = True  # torchrun may run it (rank 0 exports)
     export_key: str | None = None  # train.export.<export_key>: where stage=eval finds it (None: eval skips it)
-    load: Callable | None = None  # (folder, target) -> the exported module
+    family: Family | None = None  # the drafter family it trains (eagle2.heads.family): its save exports, its load reads
     evaluate: Callable | None = None  # (module, target, sequences, train.eval) -> metrics
 
 

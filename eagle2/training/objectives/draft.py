@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from eagle2.core.cache import forward_target, new_cache
-from eagle2.heads.draft_model import build_draft_model, load_draft_model, save_draft_model
+from eagle2.heads.draft_model import FAMILY, build_draft_model
 from eagle2.training.data import Sequence
 from eagle2.training.evaluation.agreement import agreement
 from eagle2.training.evaluation.evaluate import chain_mask, evaluate_drafter
@@ -106,9 +106,9 @@ def draft_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     c = cfg.train.draft
     draft, summary = train_draft(target, root / cfg.train.corpus.out_dir, c, root / c.out_dir, stop_after=c.stop_after,
                                  **validation(target, tokenizer, cfg, root, "draft", draft_chain_of))
-    return export(draft, save_draft_model, summary, cfg, root, kind="draft", export_key="draft") \
+    return export(draft, FAMILY, summary, cfg, root, kind="draft", export_key="draft") \
         if exported(summary) else None
 
 
-OBJECTIVE = Objective("draft", "SpS draft", draft_stage, order=3, export_key="draft",
-                      load=lambda folder, target: load_draft_model(str(folder), target), evaluate=evaluate_draft)
+OBJECTIVE = Objective("draft", "SpS draft", draft_stage, order=3, export_key="draft", family=FAMILY,
+                      evaluate=evaluate_draft)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle2.heads.eagle_head import EagleHead, head_config_from_target, load_head, save_head
+from eagle2.heads.eagle_head import FAMILY, EagleHead, head_config_from_target, load_head
 from eagle2.training.data import Sequence, tokens_by_frequency
 from eagle2.training.evaluation.agreement import ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
@@ -162,7 +162,7 @@ def export_head(head, summary: dict, cfg, root: Path, section: str = "head") -> 
     """Store a trained EAGLE head (published format, no embedding) at ``train.export.head`` with its card."""
     if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
         head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
-    return export(head, save_head, summary, cfg, root, kind="head", export_key="head", section=section)
+    return export(head, FAMILY, summary, cfg, root, kind="head", export_key="head", section=section)
 
 
 def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
@@ -173,4 +173,4 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     return export_head(head, summary, cfg, root) if exported(summary) else None
 
 
-OBJECTIVE = Objective("head", "head", head_stage, order=1, export_key="head", load=load_head, evaluate=evaluate_head)
+OBJECTIVE = Objective("head", "head", head_stage, order=1, export_key="head", family=FAMILY, evaluate=evaluate_head)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle2.core.features import eagle3_layers
-from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target, load_eagle3_head, save_eagle3_head
+from eagle2.heads.eagle3_head import FAMILY, Eagle3Head, eagle3_config_from_target, load_eagle3_head
 from eagle2.training.data import Sequence, answer_token_counts, tokens_by_frequency
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
@@ -203,7 +203,7 @@ def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
 
 def export_eagle3(head, summary: dict, cfg, root: Path, section: str = "eagle3") -> Path:
     """Store a trained EAGLE-3 head (official layout) at ``train.export.eagle3_head`` with its card."""
-    return export(head, save_eagle3_head, summary, cfg, root, kind="eagle3", export_key="eagle3_head", section=section)
+    return export(head, FAMILY, summary, cfg, root, kind="eagle3", export_key="eagle3_head", section=section)
 
 
 def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
@@ -216,4 +216,4 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
 
 OBJECTIVE = Objective("eagle3", "EAGLE-3 head", eagle3_stage, order=2, export_key="eagle3_head",
-                      load=load_eagle3_head, evaluate=evaluate_eagle3_head)
+                      family=FAMILY, evaluate=evaluate_eagle3_head)

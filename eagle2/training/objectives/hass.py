@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from eagle2.heads.eagle_head import load_head, save_head
+from eagle2.heads.hass_head import FAMILY
 from eagle2.training.evaluation.heldout import validation
 from eagle2.training.objectives import Objective, exported
 from eagle2.training.objectives.eagle import evaluate_head, head_chain_of, train_head
@@ -39,7 +39,7 @@ def train_hass(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwarg
     second = phase_settings(cfg, 2)
     if summary["partial"] or not second.get("max_steps"):
         return head, summary
-    second.init_from = str(save_head(head, out_dir / "phase1_head"))
+    second.init_from = str(FAMILY.save(head, out_dir / "phase1_head"))
     head, topk_summary = train_head(target, corpus_dir, second, out_dir / "topk", **kwargs)
     return head, {**topk_summary, "phase1": {k: v for k, v in summary.items() if k != "corpus_shards"}}
 
@@ -51,8 +51,7 @@ def hass_stage(target, tokenizer, cfg, root: Path) -> Path | None:
                                **validation(target, tokenizer, cfg, root, "hass", head_chain_of))
     if not exported(summary):
         return None
-    return export(head, save_head, summary, cfg, root, kind="head", export_key="hass_head", section="hass")
+    return export(head, FAMILY, summary, cfg, root, kind="head", export_key="hass_head", section="hass")
 
 
-OBJECTIVE = Objective("hass", "HASS head", hass_stage, export_key="hass_head", load=load_head,
-                      evaluate=evaluate_head)
+OBJECTIVE = Objective("hass", "HASS head", hass_stage, export_key="hass_head", family=FAMILY, evaluate=evaluate_head)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle2.heads.hydra_heads import HydraHeads, load_hydra_heads, save_hydra_heads
+from eagle2.heads.hydra_heads import FAMILY, HydraHeads
 from eagle2.training.objectives import Objective
 from eagle2.training.objectives.medusa import HeadsKind, medusa_stage
 
@@ -46,6 +46,6 @@ def hydra_settings(train):
     return OmegaConf.merge(plain(train.medusa), plain(train.get("hydra")))
 
 
-HYDRA = HeadsKind("hydra", hydra_settings, "hydra_choices", new_hydra_heads, save_hydra_heads, load_hydra_heads)
+HYDRA = HeadsKind("hydra", hydra_settings, "hydra_choices", new_hydra_heads, FAMILY)
 OBJECTIVE = Objective("hydra", "Hydra heads", lambda target, tokenizer, cfg, root: medusa_stage(
     target, tokenizer, cfg, root, HYDRA), corpus_key="medusa.corpus_dir", data_parallel=False)

@@ -31,7 +31,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from eagle2.heads.medusa_heads import HeadStack, MedusaHeads
+from eagle2.heads.family import Family
+from eagle2.heads.medusa_heads import FAMILY, HeadStack, MedusaHeads
 from eagle2.training.data import Sequence, train_val_sequences
 from eagle2.training.loop import fit
 from eagle2.training.objectives import Objective
@@ -240,15 +241,10 @@ class HeadsKind:
     settings: Callable  # train config -> the section of its settings
     choices_key: str  # the model-config key of its tree
     new_heads: Callable | None  # (target, section) -> (fresh heads, fingerprint settings); None: Medusa's
-    save: Callable  # (heads, folder, dtype=..., **config) -> folder
-    load: Callable  # (folder, target) -> heads
+    family: Family  # their weight format (eagle2.heads.family): save exports, load reads back
 
 
-def _medusa_kind() -> HeadsKind:
-    from eagle2.heads.medusa_heads import load_medusa_heads, save_medusa_heads
-
-    return HeadsKind("medusa", lambda train: train.medusa, "medusa_choices", None, save_medusa_heads,
-                     load_medusa_heads)
+MEDUSA = HeadsKind("medusa", lambda train: train.medusa, "medusa_choices", None, FAMILY)
 
 
 def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = None) -> Path | None:
@@ -263,7 +259,7 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
     from eagle2.training.evaluation.heldout import mtbench
     from eagle2.training.support.models import export_dtype
 
-    kind = kind or _medusa_kind()
+    kind = kind or MEDUSA
     mc = kind.settings(cfg.train)
     corpus_dir = root / mc.corpus_dir
     t0 = time.time()
@@ -273,14 +269,14 @@ def medusa_stage(target, tokenizer, cfg, root: Path, kind: HeadsKind | None = No
         return None
     summary["wall_time_s_this_process"] = time.time() - t0
     dtype = export_dtype(heads, mc.export_max_mb, mc.get("export_dtype", "bfloat16"))
-    folder = kind.save(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
+    folder = kind.family.save(heads, root / mc.export, dtype=dtype, base_model_name_or_path=cfg.model.hub_id)
     info = {"kind": kind.name, "target": cfg.model.name, "corpus_dir": str(mc.corpus_dir),
             "corpus_shards": sorted(p.name for p in corpus_dir.glob("shard_*.safetensors")),
             "recipe": OmegaConf.to_container(mc), "stored_dtype": str(dtype).replace("torch.", ""), "summary": summary}
     (folder / "training.json").write_text(json.dumps(info, indent=2, default=str))
     mt_dir = mtbench(target, tokenizer, cfg, root)
     _, val_paths = split_shards(corpus_dir, mc.val_fraction)
-    loaded = kind.load(folder, target)
+    loaded = kind.family.load(folder, target)
     trees = {f"model.{kind.choices_key}": OmegaConf.to_container(cfg.model[kind.choices_key]),
              "mc_sim_7b_63": MC_SIM_7B_63}
     metrics = {"target": cfg.model.name, "artifact": str(folder)}

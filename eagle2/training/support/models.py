@@ -32,16 +32,17 @@ def export_dtype(module: torch.nn.Module, max_mb: float, dtype: str = "auto") ->
     return torch.float32 if numel * 4 <= max_mb * 1e6 else torch.float16
 
 
-def export(module: torch.nn.Module, save, summary: dict, cfg, root: Path, *, kind: str, export_key: str,
+def export(module: torch.nn.Module, family, summary: dict, cfg, root: Path, *, kind: str, export_key: str,
            section: str | None = None) -> Path:
-    """Store a trained ``module`` with ``save(module, folder, dtype=)`` at ``train.export.<export_key>`` (under
-    ``train.export.<export_key>_max_mb``, in ``train.export.dtype``), with its card ``training.json``: the corpus
-    and recipe settings (``train.<section>``, default ``train.<kind>``), the shards the trainer read, the summary."""
+    """Store a trained ``module`` in its drafter ``family``'s format (``family.save``) at
+    ``train.export.<export_key>`` (under ``train.export.<export_key>_max_mb``, in ``train.export.dtype``), with its
+    card ``training.json``: the corpus and recipe settings (``train.<section>``, default ``train.<kind>``), the
+    shards the trainer read, the summary."""
     from omegaconf import OmegaConf
 
     max_mb, section = cfg.train.export[f"{export_key}_max_mb"], section or kind
     dtype = export_dtype(module, max_mb, cfg.train.export.get("dtype", "bfloat16"))
-    folder = Path(save(module, root / cfg.train.export[export_key], dtype=dtype))
+    folder = Path(family.save(module, root / cfg.train.export[export_key], dtype=dtype))
     size = (folder / "model.safetensors").stat().st_size / 1e6
     if size > max_mb:
         raise RuntimeError(f"{folder}/model.safetensors is {size:.1f} MB, over the {max_mb} MB limit")

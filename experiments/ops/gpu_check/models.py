@@ -29,7 +29,8 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from eagle2.heads.shapes import PUBLISHED, fill_random, llama_config, random_llama
+from eagle2.heads.shapes import fill_random, llama_config, random_llama
+from eagle2.registry import gpu_models, model_architecture
 
 STD = 0.02  # random_llama's weight standard deviation
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,10 +39,11 @@ ROOT = Path(__file__).resolve().parents[3]
 def target_config(name: str, layers: int | None = None, head_dim: int | None = None) -> LlamaConfig:
     """The published shape of ``name`` (a conf/model config), with ``layers`` decoder layers and a proxy
     head dimension ``head_dim`` when given (same heads, KV heads, vocabulary, RoPE)."""
-    if name not in PUBLISHED:
-        raise ValueError(f"no published shape for {name!r}; known: {sorted(PUBLISHED)}")
-    width = head_dim * PUBLISHED[name]["num_attention_heads"] if head_dim else None
-    return llama_config(name, layers=layers, width=width)
+    architecture = model_architecture(name)
+    if not architecture:
+        raise ValueError(f"conf/model/{name}.yaml states no architecture; GPU models: {gpu_models()}")
+    width = head_dim * architecture["num_attention_heads"] if head_dim else None
+    return llama_config(architecture, layers=layers, width=width)
 
 
 @torch.no_grad()
