@@ -32,8 +32,8 @@ demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) and plain d
 test: install  ## the test suite (offline, CPU; slow tests excluded; TEST_WORKERS processes)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS)
 
-test-slow: install  ## only the slow tests (many-sample certification, real training)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -m slow
+test-slow: install  ## only the slow tests (many-sample certification, run.py sweeps, long decodes, real training)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m slow
 
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py

@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.png import save_png  # noqa: E402
 from analysis.tables import in_table_order, title  # noqa: E402
-from eagle2.registry import display_name  # noqa: E402
+from eagle2.registry import display_name, method_rank  # noqa: E402
 
 FULL_WIDTH = 6.75  # inches: a two-column paper's text width
 PAPER_STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7,
@@ -89,8 +89,7 @@ def speedup_bars(cells: pd.DataFrame, out: Path, max_labels: int = 8) -> tuple[l
 
 def calibration_diagram(table: pd.DataFrame, ece: pd.Series, out: Path) -> list[Path]:
     """Reliability diagram per method from ``metrics.calibration``: bars = acceptance per confidence bin."""
-    methods = [m for m in ("eagle2", "eagle", "sps") if m in set(table.method)]
-    methods += sorted(set(table.method) - set(methods))
+    methods = sorted(set(table.method), key=method_rank)
     with plt.rc_context(PAPER_STYLE):
         fig, axes = plt.subplots(1, len(methods), figsize=(3.3 * len(methods), 3.1), squeeze=False)
         for ax, method in zip(axes[0], methods):

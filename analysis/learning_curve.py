@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.png import save_png  # noqa: E402
 from analysis.trend import trend_table  # noqa: E402
+from eagle2.registry import display_name  # noqa: E402
 
 
 def metrics_rows(source: str | Path, split: str) -> list[dict]:
@@ -121,24 +122,28 @@ def plot_scaling(runs: dict[str, list[dict]], out: str | Path, key: str = "top1"
     return save_figure(fig, out, stamped)
 
 
-TAU_METHODS = {"eagle3": "EAGLE-3", "eagle2": "EAGLE-2 (EAGLE head)"}
-
-
 def tau_log(path: str | Path) -> list[dict]:
     """The rows of a ``tau_along_run`` log."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def tau_methods(rows: list[dict]) -> list[str]:
+    """The methods a ``tau_along_run`` log measured: its ``<method>_tau`` fields, in the log's order."""
+    return [key.removesuffix("_tau") for key in dict.fromkeys(k for r in rows for k in r if k.endswith("_tau"))]
+
+
 def tau_table(rows: list[dict]) -> str:
     """A ``tau_along_run`` log as a markdown table: each method's mean tau over the turns (+- its standard
     error, where logged), the pooled tau in brackets."""
-    lines = ["| heads | step | tokens trained | questions | EAGLE-3 tau (pooled) | EAGLE-2 tau, EAGLE head (pooled) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    methods = tau_methods(rows)
+    lines = ["| heads | step | tokens trained | questions | "
+             + " | ".join(f"{display_name(m)} tau (pooled)" for m in methods) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(methods)]
     for r in rows:
         step = "" if r.get("step") is None else f"{r['step']:,}"
         tokens = "" if r.get("tokens_trained") is None else f"{r['tokens_trained'] / 1e6:.2f}M"
         taus = " | ".join(f"{r[f'{m}_tau']:.2f}" + (f" +- {r[f'{m}_tau_sem']:.2f}" if r.get(f"{m}_tau_sem") else "")
-                          + f" ({r[f'{m}_tau_pooled']:.2f})" for m in TAU_METHODS)
+                          + f" ({r[f'{m}_tau_pooled']:.2f})" for m in methods)
         lines.append(f"| {r['heads']} | {step} | {tokens} | {r['questions']} | {taus} |")
     return "\n".join(lines)
 
@@ -159,13 +164,13 @@ def plot_tau(ax, rows: list[dict]) -> None:
     by_protocol: dict[tuple, list[dict]] = {}
     for r in rows:
         by_protocol.setdefault(protocol(r), []).append(r)
-    shared = {(p[1], p[2]) for p in by_protocol}
+    shared, methods = {(p[1], p[2]) for p in by_protocol}, tau_methods(rows)
     for (line, shipped_line, marker), (proto, measured) in zip(itertools.cycle(TAU_STYLES), by_protocol.items()):
         snapshots = sorted((r for r in measured if r["heads"] == "snapshot"), key=lambda r: r["tokens_trained"])
         detail = f"{proto[0]} q" if len(shared) == 1 else f"{proto[0]} q, {proto[1]} tok, {proto[2]}-token tree"
-        for color, (method, label) in zip(colors[4:], TAU_METHODS.items()):
+        for color, method in zip(colors[4:], methods):
             ax.plot([r["tokens_trained"] / 1e6 for r in snapshots], [r[f"{method}_tau"] for r in snapshots],
-                    marker=marker, linestyle=line, color=color, label=f"{label}, {detail}")
+                    marker=marker, linestyle=line, color=color, label=f"{display_name(method)}, {detail}")
             for r in (r for r in measured if r["heads"] == "shipped"):
                 ax.axhline(r[f"{method}_tau"], color=color, linestyle=shipped_line, linewidth=1)
     common = "" if len(shared) > 1 else " ({} tok, {}-token tree)".format(*next(iter(shared)))

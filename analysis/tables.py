@@ -11,7 +11,8 @@ The oracle (``method=oracle``, a tau ceiling whose speed is no method's) is not 
 
 ``table1_frame`` builds the numbers (long format, one line per table cell) from ``analysis.metrics``;
 ``to_markdown`` and ``to_latex`` only lay them out. Published numbers come from
-``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``, columns named by its ``# Columns:`` line).
+``results/published/eagle2_table1.tsv`` (cells ``speedup x/tau``, columns named by its ``# Columns:`` line, its
+models matched to ours by its ``# Models:`` line, its methods by their registered display names).
 Benchmarks, their column titles and the order of benchmarks and methods come from ``eagle2.registry``.
 """
 
@@ -24,11 +25,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics import ORACLE, both_kinds, method_table, variant_labels
-from eagle2.registry import benchmark, known_benchmarks, method_rank
+from eagle2.registry import benchmark, known_benchmarks, known_methods, method, method_rank
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "eagle2_table1.tsv"
-PAPER_MODELS = {"vicuna7b": "V7B", "vicuna13b": "V13B", "llama2chat7b": "L2-7B", "llama2chat13b": "L2-13B"}
-PAPER_METHODS = {"eagle2": "EAGLE-2", "eagle": "EAGLE", "sps": "SpS"}
 COLUMNS = ["model", "temperature", "label", "method", "source", "dataset", "speedup", "tau", "turns", "config_hash",
            "dtype"]
 BOTH = ["speedup_eager", "speedup_compiled"]  # with eager and compiled rows both: over each plain
@@ -45,14 +44,22 @@ def in_table_order(datasets) -> list[str]:
     return [d for d in known if d in present] + sorted(present - set(known))
 
 
+def _declared(lines: list[str], key: str) -> str:
+    """The text after ``# key:`` in the published table's comment lines ('' when it has none)."""
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(f"# {key}:")), "")
+
+
 def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
-    """The paper's Table 1, long: temperature, model (paper code), method (paper name), dataset, speedup, tau.
-    Its columns are named by its own ``# Columns:`` line; a benchmark column is matched by its title."""
+    """The paper's Table 1, long: temperature, model (ours, by its ``# Models:`` line; else the paper's code),
+    code (the paper's), method (ours, by its display name; else the paper's), dataset, speedup, tau. Its columns
+    are named by its own ``# Columns:`` line; a benchmark column is matched by its title."""
     path = Path(path)
     if not path.is_file():
-        return pd.DataFrame(columns=["temperature", "model", "method", "dataset", "speedup", "tau"])
+        return pd.DataFrame(columns=["temperature", "model", "code", "method", "dataset", "speedup", "tau"])
     lines = path.read_text().splitlines()
-    header = next(ln.split(":", 1)[1].strip().split("\t") for ln in lines if ln.startswith("# Columns:"))
+    header = _declared(lines, "Columns").split("\t")
+    models = {code: ours for ours, code in (pair.split("=") for pair in _declared(lines, "Models").split(", ") if pair)}
+    methods = {method(m).display: m for m in known_methods()}
     names = {title(d): d for d in [*known_benchmarks(), "mean"]}
     out = []
     for line in lines:
@@ -61,7 +68,8 @@ def load_published(path: str | Path = PUBLISHED) -> pd.DataFrame:
         cells = dict(zip(header, line.split("\t")))
         for column in header[3:]:
             speedup, tau = cells[column].split("/")
-            out.append({"temperature": float(cells["temp"]), "model": cells["model"], "method": cells["method"],
+            out.append({"temperature": float(cells["temp"]), "model": models.get(cells["model"], cells["model"]),
+                        "code": cells["model"], "method": methods.get(cells["method"], cells["method"]),
                         "dataset": names.get(column, column), "speedup": float(speedup.rstrip("x")),
                         "tau": float(tau)})
     return pd.DataFrame(out)
@@ -116,15 +124,12 @@ def table1_frame(rows: pd.DataFrame, published: pd.DataFrame | None = None) -> t
 def _paper_cells(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (model, temp), g in ours.groupby(["model", "temperature"]):
-        code = PAPER_MODELS.get(model)
-        if code is None:
-            continue
-        for method in sorted(set(g.method), key=method_rank):
-            paper = published[(published.model == code) & (published.temperature == temp)
-                              & (published.method == PAPER_METHODS.get(method, ""))]
+        for name in sorted(set(g.method), key=method_rank):
+            paper = published[(published.model == model) & (published.temperature == temp)
+                              & (published.method == name)]
             for _, p in paper[paper.dataset != "mean"].iterrows():
-                out.append({"model": model, "temperature": temp, "label": f"{PAPER_METHODS[method]} (paper, {code})",
-                            "method": method, "source": "paper", "dataset": p.dataset, "speedup": p.speedup,
+                out.append({"model": model, "temperature": temp, "label": f"{method(name).display} (paper, {p.code})",
+                            "method": name, "source": "paper", "dataset": p.dataset, "speedup": p.speedup,
                             "tau": p.tau, "turns": 0, "config_hash": None, "dtype": None})
     return pd.DataFrame(out, columns=COLUMNS)
 
@@ -140,8 +145,8 @@ def _with_means(frame: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataF
             speedup, tau = cells.speedup.mean(skipna=False), cells.tau.mean()
             both = {c: cells[c].mean(skipna=False) for c in BOTH if c in cells}
             if first.source == "paper" and published is not None and shown == set(known_benchmarks()):
-                paper = published[(published.model == PAPER_MODELS[model]) & (published.temperature == temp)
-                                  & (published.method == PAPER_METHODS[first.method]) & (published.dataset == "mean")]
+                paper = published[(published.model == model) & (published.temperature == temp)
+                                  & (published.method == first.method) & (published.dataset == "mean")]
                 if not paper.empty:  # the paper's own Mean column
                     speedup, tau = float(paper.speedup.iloc[0]), float(paper.tau.iloc[0])
             means.append({**first.to_dict(), "dataset": "mean", "speedup": speedup, "tau": tau, **both,

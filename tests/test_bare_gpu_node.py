@@ -30,6 +30,7 @@ def test_run_py_without_datasets_or_wandb(tmp_path, smollm2):  # smollm2: its sa
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert sum("wandb cannot be imported" in line for line in out.splitlines()) == 1
+    assert "[eagle2] summary" in done.stdout
     rows = [json.loads(line) for f in results.rglob("*.jsonl") for line in f.read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "ok"]  # MT-bench's first question: two turns
     assert all(r["placement"] == "cpu" and r["new_tokens"] == 3 for r in rows)

@@ -82,7 +82,7 @@ def sample_counts(target, method: dict, params, n: int, seed: int, draft=None, h
     gen = torch.Generator(device=target.device).manual_seed(seed)
     cfg, weights = OmegaConf.create(method), shared_drafter_weights(target, method)
     for _ in range(n):
-        drafter = build_drafter(cfg, target, params, gen, head=head, draft_model=draft, weights=weights)
+        drafter = build_drafter(cfg, target, params, gen, head=head, sps_draft=draft, weights=weights)
         out = engine.generate(target, drafter, PROMPT, params, N_TOKENS, set(), gen).output_ids
         counts[(out[0] * VOCAB + out[1]) * VOCAB + out[2]] += 1
     return counts

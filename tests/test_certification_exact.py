@@ -103,7 +103,7 @@ def drafted_rounds(models, method: dict, params: SamplingParams, first: int) -> 
         return [], 0
 
     def run(draws):
-        drafter = build_drafter(cfg, target, params, draws, head=head, draft_model=draft,
+        drafter = build_drafter(cfg, target, params, draws, head=head, sps_draft=draft,
                                 weights=weights)
         engine.generate(target, drafter, PROMPT, params, 2, set(), None)
         return captured.pop()

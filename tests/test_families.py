@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from eagle2.training.support.models import export
 from omegaconf import OmegaConf
 
 from eagle2.heads.family import Family, families
 from eagle2.registry import CONF_DIR, known_methods, method_spec
 from eagle2.training.objectives import objectives
+from eagle2.training.support.models import export
 
 
 def test_every_family_is_a_model_config_key_and_every_method_weight_a_family():

@@ -29,7 +29,7 @@ PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 
 
 def decode(target, method, prompt, n, head=None, draft=None, eos=frozenset()):
-    drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head, draft_model=draft,
+    drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head, sps_draft=draft,
                             weights=shared_drafter_weights(target, method))
     return engine.generate(target, drafter, prompt, GREEDY, n, set(eos))
 

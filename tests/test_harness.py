@@ -88,6 +88,7 @@ def test_table1_is_the_full_grid():
     assert math.prod(len(v.split(",")) for v in params.values()) == 6 * 2 * 6 * 2  # x lookup branch off/on
 
 
+@pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
 def test_named_experiment_sweeps_its_cells(tmp_path):
     """``python run.py -m experiment=fig1`` really launches one job per method, at temperature 1."""
     out = run_py("-m", "experiment=fig1", "dataset.limit=0", f"paths.results={tmp_path / 'r'}",
@@ -98,6 +99,7 @@ def test_named_experiment_sweeps_its_cells(tmp_path):
     assert {line.split("/")[1] for line in started} == {"plain", "sps", "eagle", "eagle2"}
 
 
+@pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
 def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head_dir):
     results = tmp_path / "r"
     args = [sys.executable, "run.py", "-m", "method=plain,eagle2", "dataset.limit=3", *COMMON,
@@ -131,6 +133,7 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head
     assert to_run == total - len(before)
 
 
+@pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
 def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     results = tmp_path / "r"
     missing = unloadable_weights(tmp_path / "no_such_head")  # passes the checks before loading, not the loader

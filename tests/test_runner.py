@@ -62,12 +62,8 @@ def test_eagle2_multiturn_matches_plain_and_writes_node_records(tmp_path, smollm
     assert len(nodes) > 0 and nodes["depth"].max() <= 3
 
 
-def test_cli_runs_and_rejects_unknown_names(tmp_path):
-    ok = subprocess.run([sys.executable, "run.py", "method=plain", "dataset=nq", "dataset.limit=1",
-                         "max_new_tokens=3", "logger=none", f"paths.results={tmp_path}"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert ok.returncode == 0, ok.stderr
-    assert "summary" in ok.stdout and len(rows(tmp_path)) == 1
+def test_cli_rejects_unknown_names():
+    """(That the CLI runs and records its rows: tests/test_bare_gpu_node.py, one run.py decode for both.)"""
     bad = subprocess.run([sys.executable, "run.py", "model=gpt5"], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode != 0 and "smollm2" in bad.stderr and "vicuna7b" in bad.stderr

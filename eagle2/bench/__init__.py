@@ -1,4 +1,5 @@
-"""The benchmark harness: the runner behind ``run.py``, the method registry, target loading, config
+"""The benchmark harness: the runner behind ``run.py``, drafter building (the
+registry itself: ``eagle2.registry``), target loading, config
 validation, loggers and the identity audit. Imports the layers below it (``core``, ``heads``,
 ``drafters``, ``results``, ``prompts``), never ``training`` or ``analysis``. Importing it registers
 the config resolvers (``eagle2.bench.resolvers``)."""

@@ -54,7 +54,9 @@ def verify_curve(raw: list[float]) -> list[float]:
     return monotone(despike(raw))
 
 
-def _median_time(fn, reps: int, device) -> float:
+def median_time(fn, reps: int, device="cpu") -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one untimed warm-up call (the clock waits for
+    ``device``'s queued work)."""
     fn()  # warm-up
     times = []
     for _ in range(reps):
@@ -90,7 +92,7 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
             target.lm_head(hidden.reshape(-1, hidden.shape[-1]))
             crop(cache, context)
 
-        out.append(timer(verify, reps, device, q) if timer else _median_time(verify, reps, device))
+        out.append(timer(verify, reps, device, q) if timer else median_time(verify, reps, device))
     return out
 
 
@@ -120,7 +122,7 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
             for drafter in drafters:
                 drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
 
-        out.append(_median_time(round_, reps, device))
+        out.append(median_time(round_, reps, device))
     return out
 
 

@@ -15,14 +15,19 @@ def drafter_factory(spec: MethodSpec):
     return getattr(importlib.import_module(module), function)
 
 
-def build_drafter(method_cfg, target, params, generator, *, head=None, draft_model=None, weights: dict | None = None,
-                  run_state: dict | None = None):
-    """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights,
-    as the runner loads them) or, for the two kinds that exist, as ``head=`` / ``draft_model=``.
+def build_drafter(method_cfg, target, params, generator, *, weights: dict | None = None, run_state: dict | None = None,
+                  **by_key):
+    """The drafter of ``method_cfg``. Weights come as ``weights`` (model-config key -> loaded weights, as the
+    runner loads them) or as keywords named by their drafter family's model-config key (``head=``, ``sps_draft=``,
+    ``eagle2.heads.family``); ``weights`` wins where both name a key.
     ``run_state``: one dict per run, handed to every drafter of the run as ``weights["run_state"]``, for what
     a method learns across requests (SuffixDecoding's global tree); None: each drafter starts afresh."""
+    from eagle2.heads.family import families
+
+    if unknown := sorted(set(by_key) - set(families())):
+        raise TypeError(f"build_drafter: {', '.join(unknown)} is no drafter family's key ({', '.join(families())})")
     spec = method_spec(method_cfg)
-    given = {"head": head, "sps_draft": draft_model, **(weights or {})}
+    given = {**by_key, **(weights or {})}
     missing = [key for key in spec.weights if given.get(key) is None]
     if missing:
         raise ValueError(f"method={spec.name} needs {' and '.join(f'model.{k}' for k in missing)}")

@@ -49,7 +49,9 @@ def _int(key: str, value, minimum: int, *, nullable: bool = False, null_means: s
         raise _bad(key, value, f"null ({null_means}) or {valid}" if nullable else valid)
 
 
-# method keys -> (minimum, what null means or None when null is invalid)
+# method keys -> (minimum, what null means or None when null is invalid). Keyed by what a key means, not by
+# method: every method YAML with one of these keys is checked, and a new method adds nothing here (its new
+# integer key, if any, is one line). Not a list of methods.
 METHOD_MINIMUMS = {
     "depth": (1, None), "top_k": (1, None), "k": (1, None), "branches": (1, None),
     "max_ngram": (1, "3"), "min_ngram": (1, "1"), "max_total_tokens": (1, "64"),

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from hydra import compose, initialize_config_dir
 
 from analysis.batch_scaling import scaling_figure, scaling_markdown, scaling_table
 from analysis.metrics import load_rows
@@ -39,6 +38,7 @@ from eagle2.bench.runner import run
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.precision import concrete_dtype
 from eagle2.prompts.questions import PROJECT_ROOT, benchmark_file, load_questions
+from experiments.bench.side_by_side import run_config
 
 
 def first_turns(limit: int, path: Path) -> Path:
@@ -52,11 +52,10 @@ def cell_config(args, method: str, batch_size: int, questions: Path, results: Pa
     """One cell's config; ``method_overrides`` false leaves out the ``method.*`` overrides (the forward-cost
     measurement composes plain, which has not every method's keys)."""
     overrides = [o for o in args.overrides if method_overrides or not o.lstrip("+~").startswith("method.")]
-    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=[
-            "logger=none", "dataset=mt_bench", f"dataset.path={questions}", f"dataset.limit={args.limit}",
-            f"max_new_tokens={args.max_new_tokens}", f"threads={args.threads}", f"warmup_tokens={args.warmup}",
-            f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *overrides])
+    return run_config(
+        "logger=none", "dataset=mt_bench", f"dataset.path={questions}", f"dataset.limit={args.limit}",
+        f"max_new_tokens={args.max_new_tokens}", f"threads={args.threads}", f"warmup_tokens={args.warmup}",
+        f"method={method}", f"batch_size={batch_size}", f"paths.results={results}", *overrides)
 
 
 def per_row_results(results: Path) -> Path:

@@ -17,28 +17,15 @@ import argparse
 import statistics
 
 import torch
-from omegaconf import OmegaConf
 
 from eagle2.bench.cost_profile import measure_verify
 from eagle2.bench.methods import build_drafter
-from eagle2.bench.models import load_target
 from eagle2.bench.runner import load_drafter_weights
-from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
 from eagle2.core.engine import generate
 from eagle2.core.kernels import kernels_in_use
 from eagle2.core.sampling import SamplingParams
-from eagle2.drafters.plain import PlainDrafter
-from eagle2.prompts.chat import encode_conversation
-from eagle2.prompts.questions import benchmark_file, load_questions
-
-CONF = OmegaConf.load("conf/model/_base.yaml")
-
-
-def smollm2(dtype: str, kernels: str):
-    cfg = OmegaConf.merge(CONF, OmegaConf.load("conf/model/smollm2.yaml"), {"dtype": dtype, "kernels": kernels})
-    cfg.pop("defaults", None)
-    return cfg, *load_target(cfg)
+from experiments.bench.side_by_side import first_turns, ours_against_generate, ratio_line, smollm2, smollm2_config
 
 
 def verify_costs(args) -> None:
@@ -61,44 +48,16 @@ def verify_costs(args) -> None:
             print(f"| {q} | " + " | ".join(cells) + " |")
 
 
-def prompts(tokenizer, n: int) -> list[list[int]]:
-    questions = load_questions(benchmark_file("mt_bench"), n)
-    return [encode_conversation(tokenizer, "tokenizer", [q["turns"][0]], [], None) for q in questions]
-
-
 def plain_vs_generate(args) -> None:
     print(f"\n## 2. plain decoding vs transformers generate() on the stock model ({cpu_kind()}; "
           f"{args.prompts} MT-bench prompts x {args.new_tokens} tokens, {args.reps} alternating reps)")
     for dtype in args.dtypes:
-        _plain_vs_generate(dtype, args)
-
-
-def _plain_vs_generate(dtype: str, args) -> None:
-    _, ours_model, tok = smollm2(dtype, "auto")
-    _, stock_model, _ = smollm2(dtype, "stock")
-    batch = prompts(tok, args.prompts)
-
-    def ours(prompt):
-        return generate(ours_model, PlainDrafter(), prompt, SamplingParams(), args.new_tokens, set()).output_ids
-
-    def hf(prompt):
-        ids = torch.tensor([prompt])
-        out = stock_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                                   do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
-        return out[0, len(prompt):].tolist()
-
-    same = sum(ours(p) == hf(p) for p in batch)  # also the warm-up
-    ratios, rate = [], {}
-    for rep in range(args.reps):
-        order = (("ours", ours), ("generate", hf)) if rep % 2 == 0 else (("generate", hf), ("ours", ours))
-        for name, fn in order:
-            t0 = device_clock("cpu")
-            tokens = sum(len(fn(p)) for p in batch)
-            rate[name] = tokens / (device_clock("cpu") - t0)
-        ratios.append(rate["ours"] / rate["generate"])
-    print(f"- {dtype} ({kernels_in_use(ours_model)} vs stock): ours/generate median "
-          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); last rep "
-          f"{rate['ours']:.1f} vs {rate['generate']:.1f} tok/s; outputs equal on {same}/{len(batch)} prompts")
+        _, ours_model, tok = smollm2(dtype, "auto")
+        _, stock_model, _ = smollm2(dtype, "stock")
+        rates = ours_against_generate(ours_model, tok, first_turns(tok, args.prompts), args.new_tokens, args.reps,
+                                      dtype, generate_model=stock_model)
+        print(f"- {dtype} ({kernels_in_use(ours_model)} vs stock): {ratio_line(rates, 'ours', 'generate')}; last rep "
+              f"{rates[-1]['ours']:.1f} vs {rates[-1]['generate']:.1f} tok/s")
 
 
 def round_split(args) -> None:
@@ -109,17 +68,15 @@ def round_split(args) -> None:
     for dtype in args.dtypes:
         for setup, kernels, in_place in (("before: stock, DynamicCache", "stock", False),
                                          ("after: this CPU's kernels, in place", "auto", True)):
-            model_cfg, target, tok = smollm2(dtype, kernels)
-            batch = prompts(tok, args.prompts)
+            _, target, tok = smollm2(dtype, kernels)
+            batch = first_turns(tok, args.prompts)
             for method in args.methods:
-                _round_row(dtype, method, setup, model_cfg, target, batch, args, in_place)
+                cfg = smollm2_config(dtype, kernels, f"method={method}")
+                _round_row(dtype, method, setup, cfg, target, batch, args, in_place)
 
 
-def _round_row(dtype, method, setup, model_cfg, target, batch, args, in_place: bool) -> None:
-    method_cfg = OmegaConf.load(f"conf/method/{method}.yaml")
-    cfg = OmegaConf.create({"model": model_cfg, "method": method_cfg})
-    method_cfg = OmegaConf.to_container(cfg, resolve=True)["method"]
-    method_cfg = OmegaConf.create(method_cfg)
+def _round_row(dtype, method, setup, cfg, target, batch, args, in_place: bool) -> None:
+    method_cfg = cfg.method
     weights = load_drafter_weights(cfg, target)
     params = SamplingParams()
     runs = []

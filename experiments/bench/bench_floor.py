@@ -17,21 +17,20 @@ import datetime as dt
 import os
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from analysis.png import save_png
 from analysis.results_page import cpu_description, git_commit
+from eagle2.bench.cost_profile import median_time
 from eagle2.core.cache import crop, forward_target, new_cache
 from eagle2.core.clock import device_clock
 from eagle2.core.compiled import attach
 from eagle2.core.cpu import auto_dtype, cpu_kind
-from eagle2.core.engine import generate
-from eagle2.core.sampling import SamplingParams
 from eagle2.core.tree import DraftTree
-from eagle2.drafters.plain import PlainDrafter
-from experiments.bench.side_by_side import smollm2_with_prompts
+from experiments.bench.side_by_side import generate_decoder, in_turn, plain_decoder, smollm2_with_prompts
 
 
 def weight_bytes(model) -> int:
@@ -43,34 +42,25 @@ def weight_bytes(model) -> int:
     return total
 
 
-def median_s(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = device_clock("cpu")
-        fn()
-        times.append(device_clock("cpu") - t0)
-    return statistics.median(times)
-
-
 def floor_s(model, reps: int) -> tuple[float, float]:
     """(seconds to read every weight once, the bytes' GB/s) at the better of two ways of streaming them."""
     params = list({p.data_ptr(): p.detach() for p in model.parameters()}.values())
     size = weight_bytes(model)
     flat = torch.ones(size // 4, dtype=torch.float32)
-    per_param = median_s(lambda: [p.sum() for p in params], reps)
-    one_buffer = median_s(lambda: flat.sum(), reps)
+    per_param = median_time(lambda: [p.sum() for p in params], reps)
+    one_buffer = median_time(lambda: flat.sum(), reps)
     best = min(per_param, one_buffer)
     return best, size / best / 1e9
 
 
-def ms_per_token(decode, prompt, n: int) -> float:
-    """Decode-only ms per token: (time for n tokens - time for 1) / (n - 1), prefill cancelled."""
+def ms_per_token(decoder, prompt, n: int) -> float:
+    """Decode-only ms per token: (time for n tokens - time for 1) / (n - 1), prefill cancelled; ``decoder(k)``
+    is a decoder of k tokens (prompt -> output ids)."""
     t0 = device_clock("cpu")
-    decode(prompt, 1)
+    decoder(1)(prompt)
     one = device_clock("cpu") - t0
     t0 = device_clock("cpu")
-    decode(prompt, n)
+    decoder(n)(prompt)
     return (device_clock("cpu") - t0 - one) / (n - 1) * 1000
 
 
@@ -105,8 +95,7 @@ def main() -> None:
     curves = {"eager": [], "compiled": []}
     with torch.no_grad():
         for q in range(1, args.max_q + 1):
-            for name, use in (("eager", eager), ("compiled", compiled)) if q % 2 else (("compiled", compiled),
-                                                                                        ("eager", eager)):
+            for name, use in in_turn([("compiled", compiled), ("eager", eager)], q):
                 use()
                 curves[name].append(chain_s(model, q, args.context, args.reps))
             print(f"q={q}: eager {curves['eager'][-1] * 1000:.1f} ms, compiled {curves['compiled'][-1] * 1000:.1f} ms",
@@ -133,18 +122,11 @@ def chain_s(model, q: int, context: int, reps: int) -> float:
             context, model.dtype), position_ids=tree.position_ids(context))
         model.lm_head(hidden[0])
         crop(cache, context)
-    return median_s(verify, reps)
+    return median_time(verify, reps)
 
 
 def _decode_rates(model, decoder, eager, compiled, prompt, tok, args) -> dict[str, float]:
-    def ours(p, n):
-        return generate(model, PlainDrafter(), p, SamplingParams(), n, set())
-
-    def hf(p, n):
-        ids = torch.tensor([p])
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                              eos_token_id=None, pad_token_id=tok.pad_token_id)
-
+    ours, hf = partial(plain_decoder, model), partial(generate_decoder, model, tok)
     runs = {"plain eager": (eager, ours), "plain compiled": (compiled, ours), "generate()": (eager, hf)}
     rates = {name: [] for name in runs}
     for _ in range(args.reps):

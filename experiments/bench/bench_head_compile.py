@@ -19,6 +19,7 @@ import statistics
 import torch
 from omegaconf import OmegaConf
 
+from eagle2.bench.cost_profile import median_time
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.runner import load_drafter_weights
 from eagle2.core.cache import crop, new_cache
@@ -28,11 +29,7 @@ from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.eagle_head import causal_mask
 from eagle2.heads.static_head import attach_head, forward_head
-from eagle2.prompts.chat import encode_conversation
-from eagle2.prompts.questions import benchmark_file, load_questions
-from experiments.bench.bench_engine import smollm2
-from experiments.bench.bench_floor import median_s
-from experiments.bench.side_by_side import alternating_rates
+from experiments.bench.side_by_side import alternating_rates, first_turns, in_turn, smollm2
 
 ROWS = (1, 2, 4, 10)  # catch-ups of 1 and 2 pairs; a depth of top_k = 4 (SmolLM2) and 10 (the authors')
 
@@ -55,7 +52,7 @@ def step_ms(head, cache, q: int, context: int, reps: int) -> float:
     def once():
         crop(cache, context)
         forward_head(head, *rows, cache)
-    return median_s(once, reps) * 1e3
+    return median_time(once, reps) * 1e3
 
 
 def draft_steps(head, eager_cache, static_cache, args) -> None:
@@ -64,7 +61,7 @@ def draft_steps(head, eager_cache, static_cache, args) -> None:
     with torch.no_grad():
         for q in ROWS:
             ms = {}
-            for name, cache in (("eager", eager_cache), ("compiled", static_cache))[:: 1 if q % 2 else -1]:
+            for name, cache in in_turn([("compiled", static_cache), ("eager", eager_cache)], q):
                 ms[name] = step_ms(head, cache, q, args.context, args.reps)
             print(f"| {q} | {bucket(q)} | {ms['eager']:.3f} | {ms['compiled']:.3f} | "
                   f"{ms['eager'] / ms['compiled']:.2f}x |", flush=True)
@@ -74,8 +71,7 @@ def end_to_end(target, tokenizer, cfg, weights, decoder, head_static, args) -> N
     method = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)["method"])
     method.total_tokens = args.total_tokens  # fixed: an auto budget's profile would differ between the two
     head, params = weights["head"], SamplingParams()
-    prompts = [encode_conversation(tokenizer, "tokenizer", q["turns"][:1], [])
-               for q in load_questions(benchmark_file("mt_bench"), args.prompts)]
+    prompts = first_turns(tokenizer, args.prompts)
 
     def use(compiled: bool):
         for module, static in ((target, decoder), (head, head_static)):
@@ -120,8 +116,7 @@ def main() -> None:
     ap.add_argument("--total-tokens", type=int, default=16)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model_cfg, target, tokenizer = smollm2(args.dtype, "auto")
-    cfg = OmegaConf.create({"model": model_cfg, "method": OmegaConf.load("conf/method/eagle2.yaml")})
+    cfg, target, tokenizer = smollm2(args.dtype, "auto", "method=eagle2")
     weights = load_drafter_weights(cfg, target)
     head = weights["head"]
     print(f"# bench-head-compile: SmolLM2-135M {args.dtype} + its EAGLE head, {cpu_kind()} CPU, torch "

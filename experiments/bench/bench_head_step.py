@@ -25,7 +25,6 @@ import statistics
 from functools import partial
 
 import torch
-from omegaconf import OmegaConf
 
 from eagle2.core.clock import device_clock
 from eagle2.core.cpu import cpu_kind
@@ -121,11 +120,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from eagle2.bench.models import load_target
     from eagle2.training.data import tokens_by_frequency
+    from experiments.bench.side_by_side import smollm2
 
-    target, _ = load_target(OmegaConf.create({"source": "smollm2_gguf", "dtype": "float32", "device": "cpu"}),
-                            kernels="stock")
+    _, target, _ = smollm2("float32", "stock")
     target.requires_grad_(False)
     amp = autocast_dtype("auto", torch.device("cpu"))
     featurize = OnlineFeatures(target, (), amp)

@@ -11,14 +11,18 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import torch
-
 from eagle2.bench.runner import resolve_artifact
 from eagle2.core.engine import generate
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.heads.draft_model import load_draft_model
-from experiments.bench.side_by_side import add_common_arguments, alternating_rates, identity_line, smollm2_with_prompts
+from experiments.bench.side_by_side import (
+    add_common_arguments,
+    generate_decoder,
+    ratio_line,
+    side_by_side,
+    smollm2_with_prompts,
+)
 
 
 def main() -> None:
@@ -39,22 +43,13 @@ def main() -> None:
     draft.generation_config.num_assistant_tokens = args.k
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0
-
-    def assisted(prompt):
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
-        return out[0, len(prompt):].tolist()
-
-    print(identity_line(args.dtype, {"sps": ours, "assisted": assisted}, prompts))  # also the warm-up
-    taus.clear()
-    rates = alternating_rates({"sps": ours, "assisted": assisted}, prompts, args.reps)
-    ratios = [r["sps"] / r["assisted"] for r in rates]
-    speeds = {name: [r[name] for r in rates] for name in ("sps", "assisted")}
-    print(f"median ratio sps/assisted: {statistics.median(ratios):.3f}; median tok/s sps "
-          f"{statistics.median(speeds['sps']):.2f}, assisted {statistics.median(speeds['assisted']):.2f}; "
-          f"sps mean accepted length (tau) {statistics.mean(taus):.2f}; k={args.k}, {len(prompts)} prompts x {n}, "
-          f"{args.dtype}")
+    # tau: over every decoding of ours, the comparison's included (each prompt as often as every other)
+    rates = side_by_side({"sps": ours, "assisted": generate_decoder(model, tok, n, assistant_model=draft)},
+                         prompts, args.reps, args.dtype)
+    speeds = {name: statistics.median(r[name] for r in rates) for name in ("sps", "assisted")}
+    print(f"{ratio_line(rates, 'sps', 'assisted')}; median tok/s sps {speeds['sps']:.2f}, assisted "
+          f"{speeds['assisted']:.2f}; sps mean accepted length (tau) {statistics.mean(taus):.2f}; k={args.k}, "
+          f"{len(prompts)} prompts x {n}, {args.dtype}")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,12 @@ ANSWER_CORPORA = {  # corpus -> (token shards, what answers it holds)
     "own": ("artifacts/work/sharegpt/own_answers",
             "ShareGPT first turns, the target's greedy answers (EAGLE-3 recipe)"),
 }
+ABLATED = ("head", "eagle3")  # the ablation's design (its variants are named by the two heads it compares)
 SHAREGPT_SETTINGS = {kind: ["train=sharegpt", f"train.{kind}.resume_dir=null",
                             f"train.{kind}.val_set={SHAREGPT_TOKENS}",
                             f"train.{kind}.val_every=60", f"train.{kind}.lr=5e-4", f"train.{kind}.warmup=3",
                             f"train.{kind}.epochs=3"]  # (the smallest corpus, 153k tokens, is ~40 batches)
-                     for kind in ("head", "eagle3")}
+                     for kind in ABLATED}
 ROUND5_HEAD = ("0151908", "artifacts/smollm2/eagle_head", "artifacts/work/round5/eagle_head")  # (commit, path, copy)
 SHAREGPT_SETTINGS["head"].append(f"train.head.init_from={ROUND5_HEAD[2]}")  # the head round 6 replaced
 SHAREGPT_SETTINGS["eagle3"].append("train.eagle3.init_from=artifacts/smollm2/eagle3_head")  # round 5, still shipped
@@ -83,7 +84,7 @@ VARIANTS: dict[str, tuple[str, list[str]] | tuple[str, list[str], str]] = {  # n
     # round-5 weights, validated on the held-out ShareGPT conversations with the dataset's answers)
     **{f"answers_{corpus}_{kind}": (f"{'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head, {note}",
                                     [*SHAREGPT_SETTINGS[kind], f"train.corpus.out_dir={folder}"], kind)
-       for corpus, (folder, note) in ANSWER_CORPORA.items() for kind in ("head", "eagle3")},
+       for corpus, (folder, note) in ANSWER_CORPORA.items() for kind in ABLATED},
 }
 STAGE_OF = {"head": ("head", "head"), "eagle3": ("eagle3", "eagle3_head")}  # kind -> (train section, export key)
 
@@ -178,7 +179,7 @@ def answer_mode_table(root: Path) -> str:
     beside the eval stage's MT-bench first turns, per head kind and corpus."""
     lines = ["| head | corpus (answers) | held-out ShareGPT top-1 | MT-bench top-1 | top-4 | chain tau "
              "| tokens trained | train min |", "|---|---|---|---|---|---|---|---|"]
-    for kind in ("head", "eagle3"):
+    for kind in ABLATED:
         for corpus, (_, note) in ANSWER_CORPORA.items():
             folder = root / f"answers_{corpus}_{kind}"
             ev = variant_file(folder, "head", "eval.json")

@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 from eagle2.heads.eagle3_head import Eagle3Head, load_eagle3_head, save_eagle3_head
 from eagle2.heads.eagle_head import load_head, save_head
 from eagle2.training.support.warm_state import ROWS_FILE, WEIGHTS_FILE, weights_digest
-from experiments.bench.bench_engine import smollm2
+from experiments.bench.side_by_side import smollm2
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -137,7 +137,7 @@ def main() -> None:
         if args.shipped:
             heads, position, label = inits, {}, "shipped"
         else:
-            from experiments.bench.bench_engine import smollm2
+            from experiments.bench.side_by_side import smollm2
             from experiments.research.snapshot_heads import snapshot
 
             state = (state_at_commit(args.state, args.from_commit, work / "state") if args.from_commit

@@ -68,7 +68,7 @@ def widened(head: Eagle3Head, target_rows: torch.Tensor, new: torch.Tensor) -> E
 
 
 def main(argv: list[str] | None = None) -> None:
-    from experiments.bench.bench_engine import smollm2
+    from experiments.bench.side_by_side import smollm2
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", type=Path, default=Path("artifacts/smollm2/eagle3_head"))

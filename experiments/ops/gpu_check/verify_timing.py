@@ -25,9 +25,9 @@ def sampled(qs, timer):
 
 def wall_timer(fn, reps, device, q):
     """Median wall seconds (``measure_verify``'s own timing: the device synchronised at each read)."""
-    from eagle2.bench.cost_profile import _median_time
+    from eagle2.bench.cost_profile import median_time
 
-    return _median_time(fn, reps, device)
+    return median_time(fn, reps, device)
 
 
 def gpu_timer(wall: list[float]):
