@@ -17,11 +17,10 @@ import torch
 
 import eagle2.core.accept as accept_module
 import eagle2.core.engine as engine
+import tests.test_certification_exact as exact
 from eagle2.core.accept import accept_stochastic
 from eagle2.core.sampling import SamplingParams, as_draws, probabilities
 from eagle2.core.tree import DraftTree
-from tests.test_certification_exact import (CONTEXTS, PASS_DIFF, PROMPT, REJECT_DIFF, Completions, enumerate_outcomes,
-                                            window_distribution)
 from tests.test_certification_exact import models as models  # noqa: F401  (the module-scoped fixture)
 
 
@@ -64,23 +63,23 @@ def sampled_rounds(models, params: SamplingParams, first: int):
         return [], 0
 
     def run(draws):
-        engine.generate(target, SampledTree(draft, params, draws), PROMPT, params, 2, set(), None)
+        engine.generate(target, SampledTree(draft, params, draws), exact.PROMPT, params, 2, set(), None)
         return captured.pop()
 
     if (params, first) not in ROUNDS:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(engine, "next_token", lambda *args: first)
             mp.setattr(engine, "accept_stochastic", capture)
-            ROUNDS[params, first] = enumerate_outcomes(run)
+            ROUNDS[params, first] = exact.enumerate_outcomes(run)
     return ROUNDS[params, first]
 
 
 def max_difference(models, params: SamplingParams, accept=accept_stochastic) -> float:
     """The largest difference from the target's window distribution over CONTEXTS."""
     worst = 0.0
-    for first in CONTEXTS:
-        complete = Completions(models[0], params, PROMPT + [first])
-        dist, _ = window_distribution(sampled_rounds(models, params, first), accept, complete)
+    for first in exact.CONTEXTS:
+        complete = exact.Completions(models[0], params, exact.PROMPT + [first])
+        dist, _ = exact.window_distribution(sampled_rounds(models, params, first), accept, complete)
         worst = max(worst, float((dist - complete(())).abs().max()))
     return worst
 
@@ -89,7 +88,7 @@ def max_difference(models, params: SamplingParams, accept=accept_stochastic) -> 
 def test_sampled_siblings_are_exactly_lossless(models, params):  # noqa: F811
     diff = max_difference(models, params)
     print(f"sampled siblings {params}: max abs diff {diff:.2e}")
-    assert diff < PASS_DIFF
+    assert diff < exact.PASS_DIFF
 
 
 def _restart_from_p(residual, x, q, p_node, draws):
@@ -116,5 +115,5 @@ def test_a_broken_sibling_residual_is_rejected(models, monkeypatch, broken):  # 
     monkeypatch.setattr(accept_module, "_try_child", broken)
     diff = max_difference(models, SamplingParams(1.0))
     print(f"control {broken.__name__}: max abs diff {diff:.2e}")
-    assert diff > REJECT_DIFF
+    assert diff > exact.REJECT_DIFF
 
