@@ -180,6 +180,26 @@ def test_a_too_long_prompt_refuses_the_run_before_the_target_loads_and_keeps_sto
     assert rows_file.read_bytes() == before and [p.name for p in stored.iterdir()] == [rows_file.name]
 
 
+def test_the_prompt_length_limit_is_exact():
+    """A prompt of exactly context - max_new_tokens tokens fits (and decodes its whole answer), one more does not;
+    with ``model.stop_at_context`` a prompt fits up to one token short of the context.
+
+    Negative control (by hand): ``fits`` with ``<`` for ``<=`` fails here."""
+    from eagle2.bench.prompt_lengths import fits
+    from eagle2.core.engine import generate
+    from eagle2.core.sampling import SamplingParams
+    from eagle2.drafters.plain import PlainDrafter
+    from tests.conftest import tiny_llama
+
+    cfg = config("model=smollm2", "max_new_tokens=4", "model.stop_at_context=false")
+    assert fits(12, cfg, 16) and not fits(13, cfg, 16)
+    cfg = config("model=smollm2", "max_new_tokens=4", "model.stop_at_context=true")
+    assert fits(15, cfg, 16) and not fits(16, cfg, 16)
+    out = generate(tiny_llama(vocab=16, layers=1, seed=0), PlainDrafter(), [1] * 12, SamplingParams(0.0), 4, set(),
+                   None, 16)
+    assert len(out.output_ids) == 4
+
+
 def test_too_long_prompts_skip_and_truncate_left(tmp_path):
     data = _questions(tmp_path, ["Hi", "word " * 400], ["word " * 400], ["Hello"])
     summary = runner.run(_plain(tmp_path, data, "too_long_prompts=skip"))
