@@ -85,6 +85,17 @@ def test_known_keys_are_cached_on_disk_until_a_yaml_changes(tmp_path, monkeypatc
     kk.known_tree.cache_clear()
 
 
+def test_the_known_keys_cache_is_keyed_by_its_own_code_too(tmp_path, monkeypatch):
+    """A change to the code that builds the key list is a new cache entry, not a stale list read back."""
+    import eagle2.bench.known_keys as kk
+
+    before = kk._conf_fingerprint(str(kk.CONF_DIR))
+    changed = tmp_path / "known_keys.py"
+    changed.write_text(Path(kk.__file__).read_text() + "\n# changed\n")
+    monkeypatch.setattr(kk, "__file__", str(changed))
+    assert kk._conf_fingerprint(str(kk.CONF_DIR)) != before
+
+
 # ------------------------------------------------------------------ drafter-weight paths
 
 def _eagle2(tmp_path, head) -> object:
