@@ -3,7 +3,9 @@
 ``QuestionFileError`` line naming the file and line (``eagle2.prompts.questions.check_question_file``).
 
 The method's own keys are checked by meaning (``METHOD_MINIMUMS``: a key means the same in every method
-that has it), so a method YAML with a new key of one of these names is checked with no change here."""
+that has it), so a method YAML with a new key of one of these names is checked with no change here; then by the
+drafter's own declared checks (its module's ``CHECKS``, ``eagle2.drafters.setting_checks``), found from the method
+YAML's ``drafter:`` path."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from eagle2.bench.prompt_lengths import POLICIES, PromptTooLongError
 from eagle2.core.kernels import KERNELS
 from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
+from eagle2.drafters.setting_checks import first_failure
 from eagle2.heads.locations import WeightLocationError
 from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
+from eagle2.registry import method_spec
 
 __all__ = ["ConfigError", "QuestionFileError", "REFUSED", "validate_run_config"]
 
@@ -82,6 +86,19 @@ def validate_method_config(method: DictConfig) -> None:
             choice_paths(list(choices))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"method.choices={choices!r} is invalid: {exc}") from None
+    validate_drafter_settings(method)
+
+
+def validate_drafter_settings(method: DictConfig) -> None:
+    """The checks the method's drafter module declares (``CHECKS``) beside its ``build``."""
+    import importlib
+
+    spec = method_spec(method)
+    module = importlib.import_module(spec.drafter.rpartition(".")[0])
+    failure = first_failure(method, getattr(module, "CHECKS", {}))
+    if failure:
+        key, value, valid = failure
+        raise _bad(f"method.{key}", value, f"{valid} (conf/method/{spec.name}.yaml)")
 
 
 def validate_run_config(cfg: DictConfig) -> None:
