@@ -127,6 +127,9 @@ def validate_run_config(cfg: DictConfig) -> None:
 
     validate_method_config(cfg.method)
 
+    dtype = cfg.model.get("dtype", "auto")
+    if str(dtype) != "auto" and str(dtype) not in DTYPES:
+        raise _bad("model.dtype", dtype, f"auto or one of {', '.join(DTYPES)}")
     kernels = cfg.model.get("kernels", "auto")
     if kernels not in KERNELS:
         raise _bad("model.kernels", kernels, " or ".join(KERNELS))
