@@ -18,6 +18,8 @@ from eagle2.core.kernels import KERNELS
 from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
 from eagle2.drafters.setting_checks import first_failure
+from eagle2.drafters.setting_checks import is_int as _is_int
+from eagle2.drafters.setting_checks import is_number as _is_number
 from eagle2.heads.locations import WeightLocationError
 from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
 from eagle2.registry import method_spec
@@ -31,14 +33,6 @@ class ConfigError(ValueError):
 
 # refused before anything ran: no row is stored for it
 REFUSED = (ConfigError, QuestionFileError, WeightLocationError, PromptTooLongError)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _bad(key: str, value, valid: str) -> ConfigError:

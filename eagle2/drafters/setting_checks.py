@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -31,18 +31,18 @@ def integer(minimum: int, null_means: str | None = None) -> Check:
     """An integer >= ``minimum``; null allowed when ``null_means`` says what it means."""
     valid = f"an integer >= {minimum}"
     return Check(f"null ({null_means}) or {valid}" if null_means else valid,
-                 lambda v, _: (v is None and null_means is not None) or (_is_int(v) and v >= minimum))
+                 lambda v, _: (v is None and null_means is not None) or (is_int(v) and v >= minimum))
 
 
 def integer_or(word: str, minimum: int) -> Check:
     """An integer >= ``minimum`` or the word ``word`` (``auto``)."""
-    return Check(f"an integer >= {minimum} or {word}", lambda v, _: v == word or (_is_int(v) and v >= minimum))
+    return Check(f"an integer >= {minimum} or {word}", lambda v, _: v == word or (is_int(v) and v >= minimum))
 
 
 def number(low: float, high: float | None = None, *, above: bool = False) -> Check:
     """A number >= ``low`` (> with ``above``), and <= ``high`` when given."""
     valid = f"a number {'>' if above else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-    return Check(valid, lambda v, _: _is_number(v) and (v > low if above else v >= low)
+    return Check(valid, lambda v, _: is_number(v) and (v > low if above else v >= low)
                  and (high is None or v <= high))
 
 
@@ -54,7 +54,7 @@ def at_least_key(other: str, minimum: int) -> Check:
     """An integer >= ``minimum`` and >= the config's ``other`` key (``max_span`` >= ``min_span``)."""
     def ok(v, cfg) -> bool:
         low = cfg.get(other)
-        return _is_int(v) and v >= minimum and (not _is_int(low) or v >= low)
+        return is_int(v) and v >= minimum and (not is_int(low) or v >= low)
     return Check(f"an integer >= {minimum} and >= method.{other}", ok)
 
 
