@@ -39,4 +39,9 @@ def _stop(message: str, exc: BaseException | None = None) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from eagle2.bench.overrides import refuse_bad_overrides
+
+    refuse_bad_overrides("config", sys.argv[1:])  # one line instead of Hydra's error and its HYDRA_FULL_ERROR hint
     main()

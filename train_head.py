@@ -56,4 +56,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from eagle2.bench.overrides import refuse_bad_overrides
+
+    refuse_bad_overrides("train_head", sys.argv[1:])  # one line instead of Hydra's error and its HYDRA_FULL_ERROR hint
     main()

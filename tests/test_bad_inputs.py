@@ -85,6 +85,17 @@ def test_known_keys_are_cached_on_disk_until_a_yaml_changes(tmp_path, monkeypatc
     kk.known_tree.cache_clear()
 
 
+def test_the_known_keys_cache_is_keyed_by_its_own_code_too(tmp_path, monkeypatch):
+    """A change to the code that builds the key list is a new cache entry, not a stale list read back."""
+    import eagle2.bench.known_keys as kk
+
+    before = kk._conf_fingerprint(str(kk.CONF_DIR))
+    changed = tmp_path / "known_keys.py"
+    changed.write_text(Path(kk.__file__).read_text() + "\n# changed\n")
+    monkeypatch.setattr(kk, "__file__", str(changed))
+    assert kk._conf_fingerprint(str(kk.CONF_DIR)) != before
+
+
 # ------------------------------------------------------------------ drafter-weight paths
 
 def _eagle2(tmp_path, head) -> object:
@@ -178,6 +189,26 @@ def test_a_too_long_prompt_refuses_the_run_before_the_target_loads_and_keeps_sto
     assert "too_long_prompts=skip" in str(err.value)
     assert runner.record_cell_failure(_plain(tmp_path, long), err.value).startswith("nowhere")
     assert rows_file.read_bytes() == before and [p.name for p in stored.iterdir()] == [rows_file.name]
+
+
+def test_the_prompt_length_limit_is_exact():
+    """A prompt of exactly context - max_new_tokens tokens fits (and decodes its whole answer), one more does not;
+    with ``model.stop_at_context`` a prompt fits up to one token short of the context.
+
+    Negative control (by hand): ``fits`` with ``<`` for ``<=`` fails here."""
+    from eagle2.bench.prompt_lengths import fits
+    from eagle2.core.engine import generate
+    from eagle2.core.sampling import SamplingParams
+    from eagle2.drafters.plain import PlainDrafter
+    from tests.conftest import tiny_llama
+
+    cfg = config("model=smollm2", "max_new_tokens=4", "model.stop_at_context=false")
+    assert fits(12, cfg, 16) and not fits(13, cfg, 16)
+    cfg = config("model=smollm2", "max_new_tokens=4", "model.stop_at_context=true")
+    assert fits(15, cfg, 16) and not fits(16, cfg, 16)
+    out = generate(tiny_llama(vocab=16, layers=1, seed=0), PlainDrafter(), [1] * 12, SamplingParams(0.0), 4, set(),
+                   None, 16)
+    assert len(out.output_ids) == 4
 
 
 def test_too_long_prompts_skip_and_truncate_left(tmp_path):

@@ -153,8 +153,8 @@ def run(cfg: DictConfig) -> dict:
     """Decode every unfinished question turn; return the summary that is printed. ``cfg`` is not changed."""
     from eagle2.bench.validation import validate_run_config
 
-    cfg = resolved(cfg)
     validate_run_config(cfg)  # one clear line for a bad value or question file, before any model loads
+    cfg = resolved(cfg)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     questions = dataset_questions(cfg)

@@ -3,7 +3,9 @@
 ``QuestionFileError`` line naming the file and line (``eagle2.prompts.questions.check_question_file``).
 
 The method's own keys are checked by meaning (``METHOD_MINIMUMS``: a key means the same in every method
-that has it), so a method YAML with a new key of one of these names is checked with no change here."""
+that has it), so a method YAML with a new key of one of these names is checked with no change here; then by the
+drafter's own declared checks (its module's ``CHECKS``, ``eagle2.drafters.setting_checks``), found from the method
+YAML's ``drafter:`` path."""
 
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ from eagle2.bench.prompt_lengths import POLICIES, PromptTooLongError
 from eagle2.core.kernels import KERNELS
 from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
+from eagle2.drafters.setting_checks import first_failure
+from eagle2.drafters.setting_checks import is_int as _is_int
+from eagle2.drafters.setting_checks import is_number as _is_number
 from eagle2.heads.locations import WeightLocationError
 from eagle2.prompts.questions import QuestionFileError, benchmark_file, check_question_file
+from eagle2.registry import method_spec
 
 __all__ = ["ConfigError", "QuestionFileError", "REFUSED", "validate_run_config"]
 
@@ -27,14 +33,6 @@ class ConfigError(ValueError):
 
 # refused before anything ran: no row is stored for it
 REFUSED = (ConfigError, QuestionFileError, WeightLocationError, PromptTooLongError)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _bad(key: str, value, valid: str) -> ConfigError:
@@ -84,6 +82,19 @@ def validate_method_config(method: DictConfig) -> None:
             choice_paths(list(choices))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"method.choices={choices!r} is invalid: {exc}") from None
+    validate_drafter_settings(method)
+
+
+def validate_drafter_settings(method: DictConfig) -> None:
+    """The checks the method's drafter module declares (``CHECKS``) beside its ``build``."""
+    import importlib
+
+    spec = method_spec(method)
+    module = importlib.import_module(spec.drafter.rpartition(".")[0])
+    failure = first_failure(method, getattr(module, "CHECKS", {}))
+    if failure:
+        key, value, valid = failure
+        raise _bad(f"method.{key}", value, f"{valid} (conf/method/{spec.name}.yaml)")
 
 
 def validate_run_config(cfg: DictConfig) -> None:
@@ -112,6 +123,9 @@ def validate_run_config(cfg: DictConfig) -> None:
 
     validate_method_config(cfg.method)
 
+    dtype = cfg.model.get("dtype", "auto")
+    if str(dtype) != "auto" and str(dtype) not in DTYPES:
+        raise _bad("model.dtype", dtype, f"auto or one of {', '.join(DTYPES)}")
     kernels = cfg.model.get("kernels", "auto")
     if kernels not in KERNELS:
         raise _bad("model.kernels", kernels, " or ".join(KERNELS))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle2.core.tree import DraftTree
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.lookup import chains_to_tree
 
 
@@ -143,6 +144,10 @@ class LookaheadDrafter:
         if self.settings.pool_from_prompt:
             for end in range(max(start + 1, self.settings.ngram), len(self.sequence) + 1):
                 self._add_tail(end)
+
+
+CHECKS = {"window": checks.integer(2), "ngram": checks.integer(3), "guess_set": checks.integer(1),
+          "pool_from_prompt": checks.boolean()}  # run before any model loads (eagle2.bench.validation)
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> LookaheadDrafter:

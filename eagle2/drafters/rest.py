@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle2.core.tree import DraftTree
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.counted_trie import tree_from_counts
 from eagle2.heads.rest_datastore import Datastore, top_prefixes
@@ -75,6 +76,12 @@ class RestDrafter:
         kept = set(order[:budget])
         meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
         return [p for i, p in enumerate(paths) if i in kept], [c for i, c in enumerate(counts) if i in kept], meta
+
+
+CHECKS = {"min_span": checks.integer(1), "max_span": checks.at_least_key("min_span", 1),
+          "max_matches": checks.integer(1), "continuation": checks.integer(1),
+          "num_draft": checks.integer_or("auto", 1),
+          "max_num_draft": checks.integer(1, "64")}  # run before any model loads (eagle2.bench.validation)
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> RestDrafter:

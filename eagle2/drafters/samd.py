@@ -14,6 +14,7 @@ tree (``eagle2.drafters.suffix_tree``, windows of ``max_depth``), the corpus the
 
 from __future__ import annotations
 
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle2_dynamic import build as build_eagle2
 from eagle2.drafters.suffix_tree import SuffixTree
@@ -51,6 +52,10 @@ class RetrievedChain:
             if len(path) == len(chain) + 1 and path[:-1] == chain:
                 chain = path
         return list(chain)
+
+
+CHECKS = {"max_depth": checks.integer(2), "min_span": checks.integer(1), "max_span": checks.at_least_key("min_span", 1),
+          "max_matches": checks.integer(1)}  # run before any model loads (eagle2.bench.validation)
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle2.core.tree import DraftTree
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.counted_trie import tree_from_counts
 from eagle2.drafters.suffix_tree import SuffixTree
 
@@ -73,6 +74,10 @@ class SuffixDrafter:
         score, source, length, paths, counts, node_count = best
         return tree_from_counts(root, paths, counts, node_count, suffix_tree=source, matched_length=length,
                                 score=round(score, 4))
+
+
+CHECKS = {"max_depth": checks.integer(2), "alpha": checks.number(0, above=True), "max_spec": checks.integer(1),
+          "min_prob": checks.number(0, 1), "global_tree": checks.boolean()}  # before any model loads
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> SuffixDrafter:

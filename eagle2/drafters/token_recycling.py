@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from eagle2.core.tree import DraftTree, choice_paths
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.eagle_common import path_log_values, to_host, tree_from_drafted
 
 
@@ -94,6 +95,18 @@ class TokenRecyclingDrafter:
         keep = torch.arange(min(len(drafted), max(room - 1, 0)))
         return tree_from_drafted(root, tokens[drafted], parents, self.depth[drafted], self.rank[drafted],
                                  log_conf[drafted], path_log_values(parents, log_conf[drafted]), keep)
+
+
+def _above_every_rank(top_k, cfg) -> bool:
+    """``top_k`` an integer beyond every rank of ``method.choices`` (a malformed tree: the generic check's)."""
+    try:
+        ranks = max(max(p) for p in choice_paths(list(cfg.get("choices") or [[0]])))
+    except (TypeError, ValueError):
+        ranks = 0
+    return isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > ranks
+
+
+CHECKS = {"top_k": checks.Check("an integer above every rank in method.choices", _above_every_rank)}
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> TokenRecyclingDrafter:

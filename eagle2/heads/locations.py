@@ -30,7 +30,8 @@ def _lfs_error(path: Path, key: str) -> WeightLocationError:
 
 
 def check_safetensors_header(path: Path, key: str) -> None:
-    """The 8-byte header length and the JSON header of a safetensors file, within the file's size."""
+    """The 8-byte header length and the JSON header of a safetensors file, within the file's size, and the file as
+    long as its tensors' data (the largest end offset the header gives): a file cut anywhere is named."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -38,8 +39,11 @@ def check_safetensors_header(path: Path, key: str) -> None:
         try:
             if not 0 < length <= size - 8:
                 raise ValueError(f"header length {length} in a file of {size} bytes")
-            json.loads(f.read(length))
-        except ValueError as exc:
+            header = json.loads(f.read(length))
+            end = max((t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"), default=0)
+            if 8 + length + end != size:
+                raise ValueError(f"its tensors need {8 + length + end} bytes, the file has {size}")
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
             raise WeightLocationError(f"{key}: {path} is not a whole safetensors file ({exc}); it is damaged or "
                                       "was cut short: download or save it again") from None
 

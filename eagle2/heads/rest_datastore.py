@@ -136,13 +136,30 @@ def top_prefixes(continuations: np.ndarray, choices: int) -> tuple[list[tuple[in
 BUILD_COMMAND = "python -m experiments.ops.build_datastore"
 
 
+MEMBERS = ("tokens.npy", "suffixes.npy", "depth.npy")
+
+
 def check_datastore(location: str | Path, key: str = "model.rest_datastore") -> None:
-    """One line when ``location`` holds no datastore file (naming the command that builds it)."""
+    """One line when ``location`` holds no datastore file (naming the command that builds it), or a file that is
+    not a whole one (not a zip archive, cut short, without its arrays), read from its zip directory alone."""
+    import zipfile
+
     from eagle2.heads.checkpoint import WeightLocationError
 
+    def rebuild(flag: str = "") -> str:
+        return f"build it with `{BUILD_COMMAND} --corpus chat --out {location}{flag}` (or --corpus code)"
+
     if not Path(location).is_file():
-        raise WeightLocationError(f"{key}={location}: no REST datastore there; build it with `{BUILD_COMMAND} "
-                                  f"--corpus chat --out {location}` (or --corpus code)")
+        raise WeightLocationError(f"{key}={location}: no REST datastore there; {rebuild()}")
+    try:
+        with zipfile.ZipFile(location) as archive:
+            missing = [name for name in MEMBERS if name not in archive.namelist()]
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise WeightLocationError(f"{key}={location} is not a whole REST datastore (.npz: {exc}); it is damaged or "
+                                  f"was cut short: {rebuild(' --rebuild')}") from None
+    if missing:
+        raise WeightLocationError(f"{key}={location} is not a REST datastore (no {', '.join(missing)} in it); "
+                                  f"{rebuild(' --rebuild')}")
 
 
 def load_datastore(location: str | Path, target=None) -> Datastore:

@@ -36,6 +36,9 @@ def read_question_file(path: str | Path) -> list[dict]:
     non-empty list of strings. Raise one clear ``QuestionFileError`` naming the file and line;
     return the records, in file order."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"dataset file {path} is a folder; give the question .jsonl file in it"
+                                + (f" ({path / 'question.jsonl'}?)" if (path / "question.jsonl").is_file() else ""))
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist")
     try:
