@@ -63,7 +63,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
              batch: dict | None = None, placement: str = "unrecorded", drafter=None,
              compile_s: float | None = None) -> dict:
     records = [r.record() for r in out.rounds]
-    rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
+    keys = dict.fromkeys(key for r in records for key in r)  # every round's (a policy's plain round has fewer)
+    rounds = {key: [r.get(key) for r in records] for key in keys}
     decoded = sum(out.accept_lengths)
     return checked({
         "question_id": question["question_id"], "turn": turn, "category": question.get("category"),

@@ -44,7 +44,8 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "batch_admitted_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn's admission (its prefill)
     "batch_retired_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn leaving its row
     "batch_run_start": OPTIONAL_NUMBER,  # Unix time the batch run started (spans of separate runs never overlap)
-    # the cost profile an auto budget was priced with: {key, t1_s, noise, cached} (eagle2.bench.profile_checks)
+    # the cost profile an auto budget or method.policy=pays priced with: {key, t1_s, noise, cached}
+    # (eagle2.bench.profile_checks)
     "cost_profile": (dict, type(None)),
     "timestamp": NUMBER,
 }

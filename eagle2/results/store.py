@@ -96,6 +96,8 @@ def _method_settings(method: dict) -> dict:
         if not method.get(switch):
             for key in (switch, *its_keys):
                 method.pop(key, None)
+    if method.get("policy") in (None, "always"):  # every round drafts: the behaviour older hashes stand for
+        method.pop("policy", None)
     for added_later in METHOD_KEYS_WHEN_SET:  # null = the default behaviour: older hashes stay valid
         if method.get(added_later) is None:
             method.pop(added_later, None)
