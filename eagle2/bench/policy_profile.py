@@ -42,9 +42,10 @@ def policy_profile(method_cfg, target, chosen: dict, build_at) -> CostProfile:
     together = rows > 1 and int(settings.get("draft_rows") or 1) > 1 and hasattr(type(build_at(always)),
                                                                                   "propose_batch")
     cap = max(int(settings.get(cap) or 64) for cap in cost_profile.BUDGET_KEYS.values())
-    return cost_profile.get_profile(target, None, {"method": method_identity(settings)}, lambda d: build_at(always), depth=1,
-                       top_k=0, profile_dir=settings.get("profile_dir"), remeasure=bool(settings.get("reprofile")),
-                       max_q=cap + 1, rows=rows, draft_rows=rows if together else 1)
+    return cost_profile.get_profile(target, None, {"method": method_identity(settings)}, lambda d: build_at(always),
+                                    depth=1, top_k=0, profile_dir=settings.get("profile_dir"),
+                                    remeasure=bool(settings.get("reprofile")), max_q=cap + 1, rows=rows,
+                                    draft_rows=rows if together else 1)
 
 
 def with_policy(drafter, method_cfg, target, chosen: dict, build_at):

@@ -87,7 +87,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "compile": compile_choice.resolve(cfg), "compile_s": compile_s,
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_drafting": bool(cfg.get("batch_drafting", True)) if int(cfg.get("batch_size") or 1) > 1 else None,
-        "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
+        "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, "serving": None,
+        **(batch or {}),
     })
 
 

@@ -76,6 +76,8 @@ def config_hash(cfg) -> str:
         picked["batch_refill"] = bool(resolved.get("batch_refill", True))
         if not resolved.get("batch_drafting", True):  # rows drafting one after another; the default keeps hashes
             picked["batch_drafting"] = False
+    if resolved.get("serving"):  # experiment=serving: its rate and arrivals (other runs keep every hash)
+        picked["serving"] = {k: v for k, v in resolved["serving"].items() if k != "slo"}
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
