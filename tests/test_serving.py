@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from eagle2.bench import serving
+from eagle2.results import serving_stats
 
 
 class FakeClock:
@@ -96,13 +97,13 @@ def test_a_request_that_cannot_start_is_reported_and_holds_no_row():
 
 
 def test_summary_percentiles_and_goodput():
-    timings = [serving.Timing(0.0, 0.0, ttft, ttft + 1.0, tokens) for ttft, tokens in
+    timings = [serving_stats.Timing(0.0, 0.0, ttft, ttft + 1.0, tokens) for ttft, tokens in
                [(0.5, 3), (1.0, 3), (4.0, 3), (0.2, 1)]]
-    out = serving.summarize(timings, {"ttft_s": 2.0, "tpot_s": 0.6})
+    out = serving_stats.summarize(timings, {"ttft_s": 2.0, "tpot_s": 0.6})
     assert out["requests"] == 4 and out["span_s"] == 5.0
     assert out["throughput_tokens_per_s"] == pytest.approx(10 / 5.0)
     assert out["ttft_p50_s"] == pytest.approx(0.75) and out["ttft_p99_s"] <= 4.0
     # tpot 0.5 for the three-token answers (none for the one-token one); ttft 4.0 misses: 3 of 4 meet the objective
     assert out["tpot_p90_s"] == pytest.approx(0.5)
     assert out["goodput_requests_per_s"] == pytest.approx(3 / 5.0)
-    assert serving.percentile([], 50) is None and serving.percentile([7.0], 99) == 7.0
+    assert serving_stats.percentile([], 50) is None and serving_stats.percentile([7.0], 99) == 7.0

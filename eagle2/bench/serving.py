@@ -3,10 +3,10 @@
 Arrivals are a seeded Poisson process (``poisson_arrivals``: the same seed gives the same gaps, scaled to the
 rate), so every method at one rate sees the same arrival pattern. ``serve`` admits each request that has arrived
 into a free row (continuous batching, at most B rows), runs the batch's rounds while any row is live, and waits
-for the next arrival when none is. Per request it keeps the times that serving benchmarks report (``Timing``):
-time to first token (arrival to the end of its prefill, which yields the first token; queueing included), time
-per output token after the first, and end-to-end latency. ``summarize`` turns them into a rate's throughput,
-p50/p90/p99 latencies and goodput under a latency objective.
+for the next arrival when none is. Per request it keeps the times that serving benchmarks report (``Timing``,
+``eagle2.results.serving_stats``): time to first token (arrival to the end of its prefill, which yields the
+first token; queueing included), time per output token after the first, and end-to-end latency; ``summarize``
+there turns them into a rate's throughput, p50/p90/p99 latencies and goodput under a latency objective.
 
 The rows it drives are anything with ``admit(slot, request)``, ``round()``, ``finished(slot)`` and ``retire(slot)``
 (``EngineRows``: the batch engine's own steps), and the clock anything with ``now()`` and ``wait_until(t)``
@@ -16,10 +16,10 @@ The rows it drives are anything with ``admit(slot, request)``, ``round()``, ``fi
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+
+from eagle2.results.serving_stats import Timing
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
@@ -32,34 +32,6 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
         t += draw.expovariate(1.0)
         out.append(t / rate)
     return out
-
-
-@dataclass
-class Timing:
-    """One request's times, in seconds from the run's start."""
-
-    arrival: float
-    admitted: float | None = None  # its prefill began
-    first_token: float | None = None  # its prefill ended (the first token)
-    finished: float | None = None
-    tokens: int = 0
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        """Seconds per output token after the first (None for a one-token answer)."""
-        return (self.finished - self.first_token) / (self.tokens - 1) if self.tokens > 1 else None
-
-    @property
-    def e2e(self) -> float:
-        return self.finished - self.arrival
-
-    def record(self) -> dict:
-        return {"arrival_s": self.arrival, "admitted_s": self.admitted, "first_token_s": self.first_token,
-                "finished_s": self.finished, "ttft_s": self.ttft, "tpot_s": self.tpot, "e2e_s": self.e2e}
 
 
 class WallClock:
@@ -142,34 +114,3 @@ class EngineRows:
         row.end = device_clock(self.engine.device)
         self.cache.free(slot)
         return self.engine._output(row)
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """The p-th percentile (0..100), linear between order statistics; None for no values."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[min(max(int(round(p)), 1), 99) - 1]
-
-
-def summarize(timings: list[Timing], slo: dict[str, float]) -> dict:
-    """A rate's figures: throughput (output tokens / span from the first arrival to the last finish), requests
-    per second, p50/p90/p99 of TTFT, TPOT and end-to-end latency, and goodput: the requests per second that met
-    every objective of ``slo`` (``ttft_s``, ``tpot_s``, ``e2e_s``: upper bounds)."""
-    done = [t for t in timings if t.finished is not None]
-    if not done:
-        return {"requests": 0}
-    span = max(t.finished for t in done) - min(t.arrival for t in done)
-    out = {"requests": len(done), "span_s": span, "throughput_tokens_per_s": sum(t.tokens for t in done) / span,
-           "requests_per_s": len(done) / span}
-    for name in ("ttft", "tpot", "e2e"):
-        values = [v for v in (getattr(t, name) for t in done) if v is not None]
-        for p in (50, 90, 99):
-            out[f"{name}_p{p}_s"] = percentile(values, p)
-
-    def met(t: Timing) -> bool:
-        return all(getattr(t, key[:-2]) is None or getattr(t, key[:-2]) <= bound for key, bound in slo.items())
-
-    out["goodput_requests_per_s"] = sum(met(t) for t in done) / span
-    return out
