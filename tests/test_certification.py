@@ -40,6 +40,8 @@ METHODS = {
     "eagle2_auto": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": "auto", "max_total_tokens": 8,
                     "profile_dir": PROFILE_DIR},
     "eagle3": {"name": "eagle3", "depth": 2, "top_k": 3, "total_tokens": 6},  # a random EAGLE-3 head per target
+    # drafting or plain per round (method.policy=pays, eagle2.drafters.policy): both kinds of round in one output
+    "eagle2_policy": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 6, "policy": "pays"},
 }
 
 

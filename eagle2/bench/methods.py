@@ -1,7 +1,8 @@
 """The method registry's harness half: build the drafter a method config names (its spec, which drafter
 and which weights, is read by ``eagle2.registry``), handing it its weights and, for an auto budget
 (``total_tokens=auto``, REST's ``num_draft=auto``), the cost profile the harness measures
-(``eagle2.bench.cost_profile``)."""
+(``eagle2.bench.cost_profile``); under ``method.policy=pays`` the drafter comes wrapped in the per-round
+choice to draft or not (``eagle2.bench.policy_profile``)."""
 
 from __future__ import annotations
 
@@ -39,4 +40,8 @@ def build_drafter(method_cfg, target, params, generator, *, weights: dict | None
                                                      lambda cfg: factory(cfg, target, params, None, chosen))
     if run_state is not None:
         chosen["run_state"] = run_state
-    return factory(method_cfg, target, params, generator, chosen)
+    from eagle2.bench.policy_profile import with_policy
+
+    drafter = factory(method_cfg, target, params, generator, chosen)
+    return with_policy(drafter, method_cfg, target, {**chosen, "policy_profile": given.get("policy_profile")},
+                       lambda cfg: factory(cfg, target, params, None, chosen))

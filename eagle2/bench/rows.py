@@ -63,7 +63,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
              batch: dict | None = None, placement: str = "unrecorded", drafter=None,
              compile_s: float | None = None) -> dict:
     records = [r.record() for r in out.rounds]
-    rounds = {key: [r.get(key) for r in records] for key in (records[0] if records else {})}
+    keys = dict.fromkeys(key for r in records for key in r)  # every round's (a policy's plain round has fewer)
+    rounds = {key: [r.get(key) for r in records] for key in keys}
     decoded = sum(out.accept_lengths)
     return checked({
         "question_id": question["question_id"], "turn": turn, "category": question.get("category"),
@@ -86,7 +87,8 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "compile": compile_choice.resolve(cfg), "compile_s": compile_s,
         "batch_size": int(cfg.get("batch_size") or 1), "batch_id": None, "batch_slot": None, "batch_wall_time_s": None,
         "batch_drafting": bool(cfg.get("batch_drafting", True)) if int(cfg.get("batch_size") or 1) > 1 else None,
-        "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, **(batch or {}),
+        "batch_admitted_at": None, "batch_retired_at": None, "batch_run_start": None, "serving": None,
+        **(batch or {}),
     })
 
 

@@ -158,6 +158,8 @@ def run(cfg: DictConfig) -> dict:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     questions = dataset_questions(cfg)
+    if cfg.get("serving") is not None:  # an open-loop load serves first turns (eagle2.bench.serving_run)
+        questions = [{**q, "turns": q["turns"][:1]} for q in questions]
     chash = config_hash(cfg)
     with ResultStore.for_config(cfg, chash) as store:  # one writer per rows file, released on any exit
         todo = [(q, t) for q in questions for t in range(len(q["turns"]))
@@ -195,7 +197,10 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
 
     warm_up(cfg, questions, tokenizer, decode, context)
     run_state.clear()  # recorded turns never draft from the warm-up's own outputs
-    decode_turns(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
+    schedule = decode_turns
+    if cfg.get("serving") is not None:  # experiment=serving: an open-loop load (eagle2.bench.serving_run)
+        from eagle2.bench.serving_run import serve_turns as schedule
+    schedule(cfg, chash=chash, store=store, questions=questions, target=target, tokenizer=tokenizer,
                  weights=weights, params=params, eos=eos, context=context, fingerprints=fingerprints,
                  kernels=kernels, logger=logger, run_state=run_state, compile_s=compile_s)
 

@@ -17,6 +17,7 @@ from eagle2.bench.prompt_lengths import POLICIES, PromptTooLongError
 from eagle2.core.kernels import KERNELS
 from eagle2.core.precision import DTYPES
 from eagle2.core.tree import choice_paths
+from eagle2.drafters.policy import POLICIES as ROUND_POLICIES
 from eagle2.drafters.setting_checks import first_failure
 from eagle2.drafters.setting_checks import is_int as _is_int
 from eagle2.drafters.setting_checks import is_number as _is_number
@@ -70,6 +71,8 @@ def validate_method_config(method: DictConfig) -> None:
         low, high = method.get(prefix + "min_ngram"), method.get(prefix + "max_ngram")
         if _is_int(low) and _is_int(high) and low > high:
             raise _bad(f"method.{prefix}min_ngram", low, f"<= method.{prefix}max_ngram ({high})")
+    if "policy" in method and method.get("policy") not in ROUND_POLICIES:  # eagle2.drafters.policy
+        raise _bad("method.policy", method.get("policy"), " or ".join(ROUND_POLICIES))
     draft_temperature = method.get("draft_temperature")
     if draft_temperature is not None and (not _is_number(draft_temperature) or draft_temperature < 0):
         raise _bad("method.draft_temperature", draft_temperature, "null (the target's) or a number >= 0")

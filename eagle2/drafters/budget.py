@@ -14,6 +14,9 @@ per step for every row), else one row, and the B rows draft one after another. A
 ``B / draft_rows * T_draft + T_B(m + 1)``. The choice depends only on the profile and the draft, never on
 live timings, so a seeded run is reproducible.
 
+Under ``method.policy=pays`` (``eagle2.drafters.policy``) the count may be 0 (``least=0``): once drafted, a round
+verifies the root alone when no node pays for its share of the verify.
+
 Rows that draft together (batched decoding) share one budget (``best_shared_budget``): their trees are verified
 in one forward, padded to the largest, so a row's budget below the others' saves nothing; the shared ``m``
 maximises the rows' expected tokens together per second of the round.
@@ -49,28 +52,30 @@ class CostProfile:
         """A round's drafting at ``depth``: every row of the batch drafts its tree (together: one ``draft_s``)."""
         return self.rows / self.draft_rows * self.draft(depth)
 
-    def round_seconds(self, depth: int, nodes: int) -> torch.Tensor:
-        """Predicted seconds (float64) of a round drafting at ``depth`` and verifying m + 1 tokens, m = 1..nodes."""
+    def round_seconds(self, depth: int, nodes: int, least: int = 1) -> torch.Tensor:
+        """Predicted seconds (float64) of a round drafting at ``depth`` and verifying m + 1 tokens,
+        m = least..nodes."""
         draft = self.round_draft(depth)
-        return torch.tensor([draft + self.verify(m + 1) for m in range(1, nodes + 1)], dtype=torch.float64)
+        return torch.tensor([draft + self.verify(m + 1) for m in range(least, nodes + 1)], dtype=torch.float64)
 
 
-def best_budget(values: torch.Tensor, profile: CostProfile, depth: int) -> tuple[int, float, float]:
-    """For path values sorted best-first, the ``m >= 1`` maximising expected tokens per second.
+def best_budget(values: torch.Tensor, profile: CostProfile, depth: int, least: int = 1) -> tuple[int, float, float]:
+    """For path values sorted best-first, the ``m >= least`` maximising expected tokens per second.
     Returns (m, expected tokens of the round, predicted seconds of the round)."""
-    expected = 1.0 + torch.cumsum(values.double(), 0)
-    seconds = profile.round_seconds(depth, len(values))
-    m = int(torch.argmax(expected / seconds)) + 1
-    return m, float(expected[m - 1]), float(seconds[m - 1])
+    m, expected, seconds = best_shared_budget([values], profile, depth, least)
+    return m, expected[0], seconds
 
 
-def best_shared_budget(values: list[torch.Tensor], profile: CostProfile, depth: int) -> tuple[int, list[float], float]:
+def best_shared_budget(values: list[torch.Tensor], profile: CostProfile, depth: int,
+                       least: int = 1) -> tuple[int, list[float], float]:
     """For rows verified together (each row's path values sorted best-first; a row may hold fewer), the one
-    ``m >= 1`` maximising (sum over rows of 1 + V_1 + ... + V_min(m, n_b)) / (T_draft + T_B(m + 1)).
+    ``m >= least`` (1, or 0 under ``method.policy=pays``) maximising
+    (sum over rows of 1 + V_1 + ... + V_min(m, n_b)) / (T_draft + T_B(m + 1)).
     Returns (m, each row's expected tokens, predicted seconds of the round)."""
     top = max(len(v) for v in values)
-    expected = torch.stack([1.0 + torch.cumsum(torch.nn.functional.pad(v.double(), (0, top - len(v))), 0)
-                            for v in values])  # (R, top): a row's nodes beyond its own count add nothing
-    seconds = profile.round_seconds(depth, top)
-    m = int(torch.argmax(expected.sum(0) / seconds)) + 1
-    return m, expected[:, m - 1].tolist(), float(seconds[m - 1])
+    expected = torch.stack([torch.cumsum(torch.nn.functional.pad(v.double(), (1, top - len(v))), 0) + 1.0
+                            for v in values])  # (R, top + 1), column m: m nodes; beyond a row's own count: nothing
+    expected = expected[:, least:]
+    seconds = profile.round_seconds(depth, top, least)
+    pick = int(torch.argmax(expected.sum(0) / seconds))
+    return pick + least, expected[:, pick].tolist(), float(seconds[pick])

@@ -46,17 +46,18 @@ EXPLORE = 4  # adaptive depth: every this many rounds, a round drafts at full de
 class Eagle2Drafter(HeadRunner):
     def __init__(self, head, lm_head, device, *, depth: int, top_k: int, total_tokens: int,
                  profile: CostProfile | None = None, lookup: ChainSource | None = None,
-                 adaptive_depth: bool = False, **drafting):
+                 adaptive_depth: bool = False, least_budget: int = 1, **drafting):
         """``total_tokens``: nodes verified per round; with a ``profile`` the most it may choose.
         ``lookup``: merge its first chain into each tree (None: the plain EAGLE-2 tree). ``adaptive_depth``:
-        each round's drafting depth priced by the profile (the module's docstring), ``depth`` the most."""
+        each round's drafting depth priced by the profile (the module's docstring), ``depth`` the most.
+        ``least_budget``: the fewest nodes an auto budget keeps (0 under ``method.policy=pays``)."""
         super().__init__(head, lm_head, device, **drafting)
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError("eagle2 needs depth >= 1, top_k >= 1 and total_tokens >= 1")
         if adaptive_depth and profile is None:
             raise ValueError("method.adaptive_depth=true needs method.total_tokens=auto (a cost profile)")
         self.depth, self.top_k, self.total_tokens, self.profile = depth, top_k, total_tokens, profile
-        self.lookup, self.adaptive = lookup, adaptive_depth
+        self.lookup, self.adaptive, self.least_budget = lookup, adaptive_depth, least_budget
         self.full_draft = None  # adaptive: (log V, depth) of this row's last full-depth draft, on the host
         self.since_full = 0  # rounds drafted since it
 
@@ -139,7 +140,7 @@ class Eagle2Drafter(HeadRunner):
         ranked_drafts = [(lv, dp, ranked(lv, dp)) for lv, dp in (d.full_draft for d in drafters)]
         for reach in range(1, lead.depth + 1):
             values = [lv[order[dp[order] <= reach]][: lead.total_tokens].exp() for lv, dp, order in ranked_drafts]
-            _, expected, seconds = best_shared_budget(values, lead.profile, reach)
+            _, expected, seconds = best_shared_budget(values, lead.profile, reach, lead.least_budget)
             if sum(expected) / seconds > best_rate * (1 + 1e-9):
                 best, best_rate = reach, sum(expected) / seconds
         return best
@@ -159,7 +160,7 @@ class Eagle2Drafter(HeadRunner):
         if len(drafters) < 2 or any(d.profile is None or d.lookup is not None for d in drafters):
             return None
         values = [lv[ranked(lv, depth)[:b]].exp() for lv, b in zip(log_values, budgets)]
-        return best_shared_budget(values, drafters[0].profile, reach)
+        return best_shared_budget(values, drafters[0].profile, reach, drafters[0].least_budget)
 
     def tree(self, root: int, budget: int, tokens, log_conf, log_value, parents, ranks, depth,
              shared: tuple[int, float, float] | None = None, reach: int | None = None) -> DraftTree:
@@ -174,7 +175,8 @@ class Eagle2Drafter(HeadRunner):
             meta.update(budget_mode="auto", expected_tokens=shared[1], predicted_round_s=shared[2],
                         budget_shared=True)
         elif self.profile is not None:
-            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, reach)
+            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, reach,
+                                                   self.least_budget)
             meta.update(budget_mode="auto", expected_tokens=expected, predicted_round_s=seconds)
         keep = order[:budget].sort().values
         if self.lookup is not None:
@@ -250,4 +252,5 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
         lookup = partial(find_chains, settings=lookup_settings(method_cfg, prefix="lookup_", default_k=depth))
     return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
                          total_tokens=int(total), profile=profile, lookup=lookup,
-                         adaptive_depth=bool(method_cfg.get("adaptive_depth", False)), **drafting)
+                         adaptive_depth=bool(method_cfg.get("adaptive_depth", False)),
+                         least_budget=0 if method_cfg.get("policy") == "pays" else 1, **drafting)

@@ -44,8 +44,12 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "batch_admitted_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn's admission (its prefill)
     "batch_retired_at": OPTIONAL_NUMBER,  # seconds from the batch run's start to this turn leaving its row
     "batch_run_start": OPTIONAL_NUMBER,  # Unix time the batch run started (spans of separate runs never overlap)
-    # the cost profile an auto budget was priced with: {key, t1_s, noise, cached} (eagle2.bench.profile_checks)
+    # the cost profile an auto budget or method.policy=pays priced with: {key, t1_s, noise, cached}
+    # (eagle2.bench.profile_checks)
     "cost_profile": (dict, type(None)),
+    # experiment=serving (eagle2.bench.serving_run): this request's times (arrival_s, admitted_s, first_token_s,
+    # finished_s, ttft_s, tpot_s, e2e_s) and its rate's (rate_fraction, rate_rps, saturated_rps, seed); else None
+    "serving": (dict, type(None)),
     "timestamp": NUMBER,
 }
 FAILED_ROW_FIELDS = ("question_id", "turn", "dataset", "model", "method", "temperature", "seed", "dtype",

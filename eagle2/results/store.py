@@ -76,6 +76,8 @@ def config_hash(cfg) -> str:
         picked["batch_refill"] = bool(resolved.get("batch_refill", True))
         if not resolved.get("batch_drafting", True):  # rows drafting one after another; the default keeps hashes
             picked["batch_drafting"] = False
+    if resolved.get("serving"):  # experiment=serving: its rate and arrivals (other runs keep every hash)
+        picked["serving"] = {k: v for k, v in resolved["serving"].items() if k != "slo"}
     blob = json.dumps(picked, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
@@ -96,6 +98,8 @@ def _method_settings(method: dict) -> dict:
         if not method.get(switch):
             for key in (switch, *its_keys):
                 method.pop(key, None)
+    if method.get("policy") in (None, "always"):  # every round drafts: the behaviour older hashes stand for
+        method.pop("policy", None)
     for added_later in METHOD_KEYS_WHEN_SET:  # null = the default behaviour: older hashes stay valid
         if method.get(added_later) is None:
             method.pop(added_later, None)

@@ -1,0 +1,125 @@
+"""Speculation that pays or steps aside (``method.policy=pays``): before each round, whether to draft at all.
+
+A drafting round costs its drafting plus a verify over the tree, ``T_draft + T_verify(q)``, and yields the tokens
+it accepts plus the bonus; a plain round costs ``T_verify(1)`` and yields one token per row. Before drafting, the
+policy predicts both rates from the cost profile of this machine (``eagle2.drafters.budget.CostProfile``: the
+target, its batch size, its compile state and kernels, the drafter's cost) and the run's own counts (per row an
+exponentially weighted mean of the tokens its drafted rounds appended and of the trees it verified), and drafts
+only where drafting is predicted faster:
+
+    draft:  sum over rows of E[tokens] / (T_draft + T_B(max q))      plain:  rows / T_B(1)
+
+Rows verified together decide together (one verify forward, padded to the largest tree); a row drafting alone
+decides for itself. A plain round learns nothing about acceptance, so after a run of plain rounds a probe round
+drafts again to refresh the estimate; the gap between probes doubles while drafting keeps not paying (``FIRST_GAP``
+up to ``LAST_GAP`` rounds) and is reset once it pays. A row with no estimate yet drafts (a probe). The decision
+reads nothing but the profile and the counts, so a seeded run stays reproducible.
+
+Each round's tree records the decision (``DraftTree.meta``, stored per round): ``policy_choice`` (``draft``,
+``plain`` or ``probe``) and the predicted tokens per second of a drafting and of a plain round (None while a row
+has no estimate). How large a drafted tree is stays the drafter's own rule (EAGLE-2's auto budget may keep no
+node under this policy: ``least_budget``).
+
+``PolicyDrafter`` wraps any drafter that only proposes trees and hears what was accepted (not one that reads the
+target at its own tree nodes, ``observe_target``): every other attribute is the wrapped drafter's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from eagle2.core.tree import DraftTree
+from eagle2.drafters.budget import CostProfile
+
+POLICIES = ("pays", "always")  # method.policy: draft only when predicted to pay, or every round (the old way)
+SMOOTHING = 0.3  # weight of the newest drafted round in a row's running estimate
+FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe: doubling from FIRST_GAP while drafting does not pay
+
+
+@dataclass
+class RowEstimate:
+    """One row's running counts: tokens appended by its drafted rounds (bonus included), trees verified."""
+
+    tokens: float | None = None
+    tree_size: float | None = None
+    plain_streak: int = 0  # plain rounds since the last drafted one
+    gap: int = FIRST_GAP  # plain rounds before the next probe
+
+    def learn(self, appended: int, tree_size: int) -> None:
+        if self.tokens is None:
+            self.tokens, self.tree_size = float(appended), float(tree_size)
+            return
+        self.tokens += SMOOTHING * (appended - self.tokens)
+        self.tree_size += SMOOTHING * (tree_size - self.tree_size)
+
+    def probe_due(self) -> bool:
+        return self.tokens is None or self.plain_streak >= self.gap
+
+
+def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -> tuple[float, float]:
+    """(tokens per second of a drafting round, of a plain round) for ``rows`` verified together."""
+    q = max(math.ceil(r.tree_size - 1e-9) for r in rows)
+    drafting = sum(r.tokens for r in rows) / (profile.round_draft(depth) + profile.verify(max(q, 1)))
+    return drafting, len(rows) / profile.verify(1)
+
+
+def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
+    """This round's choice for ``rows`` verified together, recorded as the tree's meta; updates their streaks."""
+    if any(r.probe_due() for r in rows):
+        choice, rates = "probe", (None, None)
+    else:
+        rates = predicted_rates(profile, rows, depth)
+        choice = "draft" if rates[0] > rates[1] else "plain"
+    for r in rows:
+        if choice == "plain":
+            r.plain_streak += 1
+        else:
+            r.gap = FIRST_GAP if choice == "draft" else min(2 * r.gap, LAST_GAP) if r.tokens is not None else r.gap
+            r.plain_streak = 0
+    return {"policy_choice": choice, "policy_draft_tps": rates[0], "policy_plain_tps": rates[1]}
+
+
+class PolicyDrafter:
+    """A drafter under ``method.policy=pays``: the wrapped drafter's trees on the rounds that pay, the root alone
+    on the others (see the module's docstring)."""
+
+    def __init__(self, inner, profile: CostProfile, depth: int = 1):
+        if hasattr(inner, "observe_target"):
+            raise ValueError(f"method.policy=pays cannot skip the rounds of {type(inner).__name__}: it reads the "
+                             "target at its own tree nodes (set method.policy=always)")
+        self.inner, self.profile, self.depth = inner, profile, depth
+        self.estimate, self.drafted_size = RowEstimate(), None  # drafted_size: this round's tree, if drafted
+
+    def __getattr__(self, name):  # needs_hidden, spans, forward_time, feature_layers, batch_key, ...
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def start(self, prompt_ids, first_token, prompt_hidden) -> None:
+        self.inner.start(prompt_ids, first_token, prompt_hidden)
+
+    def propose(self, root: int, room: int) -> DraftTree:
+        return self.propose_batch([self], [root], [room])[0]
+
+    @classmethod
+    def propose_batch(cls, drafters: list["PolicyDrafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
+        """One decision for the rows (their inner drafters of equal ``batch_key`` when more than one), then their
+        inner trees, or each root alone."""
+        lead = drafters[0]
+        meta = decide(lead.profile, [d.estimate for d in drafters], lead.depth)
+        if meta["policy_choice"] == "plain":
+            trees = [DraftTree.root_only(root) for root in roots]
+        elif len(drafters) == 1:
+            trees = [lead.inner.propose(roots[0], rooms[0])]
+        else:
+            trees = type(lead.inner).propose_batch([d.inner for d in drafters], roots, rooms)
+        for d, tree in zip(drafters, trees):
+            tree.meta.update(meta)
+            d.drafted_size = None if meta["policy_choice"] == "plain" else len(tree)
+        return trees
+
+    def observe(self, new_tokens: list[int], hidden) -> None:
+        self.inner.observe(new_tokens, hidden)
+        if self.drafted_size is not None:
+            self.estimate.learn(len(new_tokens), self.drafted_size)

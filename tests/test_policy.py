@@ -1,0 +1,190 @@
+"""Speculation that pays or steps aside (``method.policy=pays``, ``eagle2.drafters.policy``): the choice on planted
+profiles and counts, the smaller tree, what rows record, and outputs unchanged (greedy, batch 1 and batched)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import eagle2.core.engine as engine
+from eagle2.bench.methods import build_drafter
+from eagle2.core.batch_engine import BatchEngine, BatchRequest
+from eagle2.core.sampling import SamplingParams
+from eagle2.drafters import budget, policy
+from eagle2.drafters.budget import CostProfile
+
+GREEDY = SamplingParams()
+PROMPT = [2, 5, 3, 7, 5, 3]
+
+
+def flat(verify_s: float, draft_s: float, q: int = 16, rows: int = 1) -> CostProfile:
+    """A profile where any tree up to ``q`` tokens verifies in ``verify_s`` and a drafting round costs ``draft_s``."""
+    return CostProfile([verify_s] * q, [draft_s] * 3, 256, {"planted": True}, rows=rows, draft_rows=rows)
+
+
+def known(tokens: float, size: float) -> policy.RowEstimate:
+    return policy.RowEstimate(tokens=tokens, tree_size=size)
+
+
+def test_plain_when_drafting_costs_more_than_it_gains():
+    # drafting doubles the round (1 + 1 s) for 1.5 tokens: 0.75 tokens/s against plain's 1.0
+    meta = policy.decide(flat(1.0, 1.0), [known(1.5, 6)], depth=3)
+    assert meta["policy_choice"] == "plain"
+    assert meta["policy_draft_tps"] == pytest.approx(0.75) and meta["policy_plain_tps"] == pytest.approx(1.0)
+
+
+def test_draft_when_it_pays():
+    meta = policy.decide(flat(1.0, 0.1), [known(3.0, 6)], depth=3)
+    assert meta["policy_choice"] == "draft" and meta["policy_draft_tps"] == pytest.approx(3.0 / 1.1)
+
+
+def test_the_verify_cost_of_the_tree_size_counts():
+    """Verify cheap for 4 tokens, dear beyond: the same acceptance pays with small trees, not with large ones."""
+    cliff = CostProfile([1.0] * 4 + [4.0] * 12, [0.1] * 3, 256, {})
+    assert policy.decide(cliff, [known(2.0, 4)], depth=1)["policy_choice"] == "draft"
+    assert policy.decide(cliff, [known(2.0, 9)], depth=1)["policy_choice"] == "plain"
+
+
+def test_rows_verified_together_decide_together():
+    """Four rows: drafting costs the batch's draft once plus the verify of the largest tree."""
+    prof = flat(1.0, 1.0, rows=4)
+    good, poor = known(3.0, 5), known(1.0, 5)
+    meta = policy.decide(prof, [good, good, poor, poor], depth=1)  # 8 tokens / 2 s = 4.0 == plain's 4 / 1 s
+    assert meta["policy_choice"] == "plain"  # a tie does not pay
+    meta = policy.decide(prof, [good, good, good, poor], depth=1)  # 10 / 2 = 5.0 > 4.0
+    assert meta["policy_choice"] == "draft" and meta["policy_draft_tps"] == pytest.approx(5.0)
+
+
+def test_probes_first_then_at_doubling_gaps_while_drafting_does_not_pay():
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 1.0), []
+    for _ in range(40):
+        choice = policy.decide(prof, [row], depth=1)["policy_choice"]
+        choices.append(choice)
+        if choice != "plain":
+            row.learn(1, 4)  # each drafted round accepts nothing
+    probes = [i for i, c in enumerate(choices) if c == "probe"]
+    assert probes[0] == 0 and "draft" not in choices
+    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]
+    assert gaps == [policy.FIRST_GAP * 2 ** i for i in range(len(gaps))] and len(gaps) >= 2
+
+
+def test_a_round_that_pays_again_resets_the_probe_gap():
+    row = known(1.0, 4)
+    row.gap, row.plain_streak = 32, 32
+    assert policy.decide(flat(1.0, 0.1), [row], depth=1)["policy_choice"] == "probe"
+    row.learn(10, 4)  # the probe found acceptance back
+    assert policy.decide(flat(1.0, 0.1), [row], depth=1)["policy_choice"] == "draft"
+    assert row.gap == policy.FIRST_GAP
+
+
+def brute_force(values, prof, least):
+    rates = [(1 + sum(values[:m])) / (prof.round_draft(1) + prof.verify(m + 1)) for m in range(least, len(values) + 1)]
+    return least + max(range(len(rates)), key=lambda i: (rates[i], -i))
+
+
+@pytest.mark.parametrize("verify,values,want", [
+    ([1.0] + [3.0] * 8, [0.5, 0.4, 0.3], 0),            # any node doubles the verify: the root alone
+    ([1.0, 1.05, 1.1, 4.0, 4.0, 4.0], [0.9, 0.8, 0.7, 0.6, 0.5], 2),  # a small tree pays most
+    ([1.0] * 8, [0.9, 0.5, 0.1], 3),                    # free verification: the full budget
+])
+def test_the_budget_under_the_policy_may_keep_no_node(verify, values, want):
+    prof = CostProfile(list(verify), [0.2] * 3, 256, {})
+    m, expected, seconds = budget.best_budget(torch.tensor(values), prof, 1, least=0)
+    assert m == want == brute_force(values, prof, 0)
+    assert expected == pytest.approx(1 + sum(values[:m])) and seconds == pytest.approx(0.2 + verify[m])
+    assert budget.best_budget(torch.tensor(values), prof, 1)[0] == max(want, brute_force(values, prof, 1))
+
+
+EAGLE2 = {"name": "eagle2", "depth": 3, "top_k": 3, "total_tokens": 8}
+
+
+def drafter_of(tiny, method: dict, prof: CostProfile):
+    target, _, head = tiny
+    return build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head,
+                         weights={"policy_profile": prof})
+
+
+def test_policy_always_and_no_key_leave_the_drafter_as_it_was(tiny):
+    for method in (EAGLE2, {**EAGLE2, "policy": "always"}):
+        assert not isinstance(drafter_of(tiny, method, flat(1.0, 9.0)), policy.PolicyDrafter)
+
+
+@pytest.mark.parametrize("method", [EAGLE2, {"name": "sps", "k": 3}, {"name": "pld", "k": 4}])
+def test_rows_record_the_choice_and_outputs_stay_plain_decoding(tiny, method):
+    target, draft, head = tiny
+    reference = engine.generate(target, build_drafter(OmegaConf.create({"name": "plain"}), target, GREEDY, None),
+                                PROMPT, GREEDY, 40, set()).output_ids
+    for prof, allowed in ((flat(1.0, 9.0), {"probe", "plain"}), (flat(1.0, 0.0), {"probe", "draft", "plain"})):
+        drafter = build_drafter(OmegaConf.create({**method, "policy": "pays"}), target, GREEDY, None, head=head,
+                                draft_model=draft, weights={"policy_profile": prof})
+        out = engine.generate(target, drafter, PROMPT, GREEDY, 40, set())
+        assert out.output_ids == reference
+        choices = [r.record()["policy_choice"] for r in out.rounds]
+        assert choices[0] == "probe" and set(choices) <= allowed
+        for r in out.rounds:
+            if r.drafter["policy_choice"] == "plain":
+                assert r.tree_size == 1
+
+
+def test_never_paying_drafting_runs_plain_rounds(tiny):
+    target, _, _ = tiny
+    out = engine.generate(target, drafter_of(tiny, {**EAGLE2, "policy": "pays"}, flat(1.0, 9.0)), PROMPT, GREEDY,
+                          60, set())
+    choices = [r.drafter["policy_choice"] for r in out.rounds]
+    assert choices.count("plain") > 0.7 * len(choices)
+
+
+def test_batched_rows_decide_together_and_stay_plain_decoding(tiny):
+    target, _, head = tiny
+    prompts = [PROMPT, [4, 4, 9, 1], [3, 8, 2, 6, 1, 1, 5], [7, 2]]
+
+    def run(method, prof=None):
+        queue, done = deque(), {}
+        for i, p in enumerate(prompts):
+            d = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head,
+                              weights={"policy_profile": prof})
+            queue.append(BatchRequest(p, d, 30, key=i))
+        BatchEngine(target, GREEDY, set(), batch_size=3).run(queue, lambda r: done.__setitem__(r.request.key, r))
+        return done
+
+    plain = run({"name": "plain"})
+    ruled = run({**EAGLE2, "policy": "pays"}, flat(1.0, 9.0, rows=3))
+    for key, res in ruled.items():
+        assert res.output.output_ids == plain[key].output.output_ids
+        assert {r.drafter["policy_choice"] for r in res.output.rounds} <= {"probe", "plain"}
+    assert any(r.drafter["policy_choice"] == "plain" for res in ruled.values() for r in res.output.rounds)
+
+
+def test_a_drafter_reading_its_own_nodes_is_refused():
+    class Reads:
+        needs_hidden = False
+
+        def observe_target(self, tree, logits):
+            pass
+
+    with pytest.raises(ValueError, match="method.policy=always"):
+        policy.PolicyDrafter(Reads(), flat(1.0, 1.0))
+
+
+def test_a_bad_policy_is_one_clear_line():
+    from eagle2.bench.validation import validate_method_config
+
+    with pytest.raises(Exception, match="method.policy"):
+        validate_method_config(OmegaConf.create({**EAGLE2, "policy": "sometimes"}))
+
+
+def test_policy_always_keeps_the_old_hash_and_pays_does_not():
+    from hydra import compose, initialize_config_dir
+
+    from eagle2.prompts.questions import PROJECT_ROOT
+    from eagle2.results.store import config_hash
+
+    with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base=None):
+        pays = compose("config", ["method=eagle2"])
+        always = compose("config", ["method=eagle2", "method.policy=always"])
+    old = OmegaConf.create(OmegaConf.to_container(always))
+    del old.method["policy"]
+    assert config_hash(always) == config_hash(old) != config_hash(pays)
