@@ -13,13 +13,23 @@ import torch
 from omegaconf import OmegaConf
 
 from analysis.learning_curve import plot_curves, run_rows
+from eagle2.core.features import eagle3_layers
 from eagle2.heads.family import families
-from eagle2.training.data import collate, split_shards, token_sequences
-from eagle2.training.features import OnlineFeatures, body_dtype
+from eagle2.training.data import all_sequences, collate, split_shards, token_sequences
+from eagle2.training.evaluation.evaluate import chain_tau_measure
+from eagle2.training.features import OnlineFeatures, body_dtype, tokens_to_features
 from eagle2.training.objectives import Member, objectives
 from eagle2.training.objectives.eagle import train_head
 from eagle2.training.objectives.eagle3 import eagle3_setup, export_eagle3, train_eagle3_head
-from eagle2.training.objectives.joint import JointHeads, head_taps, joint_loss, joint_members, joint_stage, train_joint
+from eagle2.training.objectives.joint import (
+    JointHeads,
+    head_taps,
+    joint_chains,
+    joint_loss,
+    joint_members,
+    joint_stage,
+    train_joint,
+)
 from tests.test_online_features import token_corpus  # noqa: F401  (the fixture)
 from tests.test_training import head_cfg, tiny_target
 
@@ -180,3 +190,21 @@ def test_joint_members_are_checked_in_one_line():
         "joint": {**cfg.joint, "heads": ["eagle3", "hass"]}})
     with pytest.raises(ValueError, match="no train.hass section"):
         joint_members(without)
+
+
+def test_validation_measures_each_members_chain_tau(token_corpus, tmp_path):  # noqa: F811
+    """``val_set: mtbench``'s measure on a joint run: each member's greedy-chain tau under its name, the
+    primary's also as ``chain_tau``, each what the member's own chain measure gives."""
+    target = tiny_target(layers=4)
+    cfg = _sections(heads=["head", "eagle3", "hass"])
+    members = joint_members(cfg)
+    heads = {name: member.setup(target, token_corpus, cfg[name])[0] for name, member in members.items()}
+    module = JointHeads(heads, primary="eagle3")
+    seqs = all_sequences(tokens_to_features(target, token_corpus, tmp_path / "held", pad_id=0,
+                                            tap_layers=eagle3_layers(4)))[:6]
+    ev = OmegaConf.create({"depth": 3, "stride": 2, "max_anchors_per_sequence": 8})
+    taus = chain_tau_measure(joint_chains(members), target, seqs, ev)(module)
+    assert set(taus) == {"chain_tau", "head/chain_tau", "eagle3/chain_tau", "hass/chain_tau"}
+    assert taus["chain_tau"] == taus["eagle3/chain_tau"]
+    for name, member in members.items():
+        assert taus[f"{name}/chain_tau"] == chain_tau_measure(member.chain, target, seqs, ev)(heads[name])["chain_tau"]

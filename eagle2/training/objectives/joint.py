@@ -16,8 +16,9 @@ are ``train.joint``'s, the same for every member; each head's own settings (``in
 initialisation, loss weights, unroll, vocabulary, taps) are its section's. Every member sees the same batches
 (equal tokens). ``joint_loss`` sums the heads' losses and reports each head's stats under its name
 (``eagle3/top1``, ``hass/loss``); the ``primary`` head's stats also go unprefixed, so the learning curve and the
-flat-curve stop follow that head. Each member is exported as its own stage exports it (``Member.export``: its
-family's ``save``, to ``train.export.<export_key>``).
+flat-curve stop follow that head. With ``val_set: mtbench`` each member's greedy-chain tau is measured too
+(``name/chain_tau``; the primary's as ``chain_tau``, which ``best_by: tau`` reads). Each member is exported as
+its own stage exports it (``Member.export``: its family's ``save``, to ``train.export.<export_key>``).
 """
 
 from __future__ import annotations
@@ -131,24 +132,34 @@ def train_joint(target, corpus_dir: str | Path, train_cfg, out_dir: str | Path, 
         torch.manual_seed(train_cfg[name].seed)  # each head starts as its own run would
         heads[name], losses[name], extras[name] = member.setup(target, corpus_dir, train_cfg[name])
     module = JointHeads(heads, primary=train_cfg.joint.primary)
-    if len({t for t in module.taps.values() if t}) > 1 and not is_token_corpus(corpus_dir):
+    if len({t for t in module.taps.values() if t}) > 1 and not (is_token_corpus(corpus_dir)
+                                                                and "val_seqs" not in kwargs):
         raise ValueError(f"train.joint.heads tap different target layers ({module.taps}): that needs a token "
-                         f"corpus (online features), and {corpus_dir} holds feature shards")
+                         f"corpus (online features) validated on its own held-out shards (val_set: corpus)")
     module, summary = train_objective(module, partial(joint_loss, losses=losses), target, corpus_dir, train_cfg.joint,
                                       out_dir, desc="joint", tap_layers=module.tap_layers(),
                                       fingerprint_extra={"joint": extras}, **kwargs)
     return dict(module.heads.items()), summary
 
 
+def joint_chains(members: dict[str, Member]):
+    """The joint run's ``chain`` for validation on MT-bench (``heldout.validation``): each member's greedy chain
+    drafter as ``name/`` (its ``chain_tau`` as ``name/chain_tau``), the primary head's also unprefixed."""
+
+    def chains(module: JointHeads, target) -> dict:
+        own = {f"{name}/": members[name].chain(head, target) for name, head in module.heads.items()
+               if members[name].chain is not None}
+        return own | ({"": own[f"{module.primary}/"]} if f"{module.primary}/" in own else {})
+    return chains
+
+
 def joint_stage(target, tokenizer, cfg, root: Path) -> list[Path] | None:
     """Train the listed heads (resuming) and export each as its own stage does."""
     jcfg = cfg.train.joint
-    if jcfg.get("val_set", "corpus") == "mtbench":
-        raise ValueError("train.joint.val_set: corpus or a corpus folder (the MT-bench chain tau is per head: "
-                         "measure it with stage=eval)")
     chosen = joint_members(cfg.train)
     heads, summary = train_joint(target, root / cfg.train.corpus.out_dir, cfg.train, root / jcfg.out_dir,
-                                 stop_after=jcfg.stop_after, **validation(target, tokenizer, cfg, root, "joint"))
+                                 stop_after=jcfg.stop_after,
+                                 **validation(target, tokenizer, cfg, root, "joint", joint_chains(chosen)))
     if not exported(summary):
         return None
     return [member.export(heads[name], summary, cfg, root, "joint") for name, member in chosen.items()]
