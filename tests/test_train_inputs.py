@@ -46,6 +46,8 @@ def test_unknown_stage_and_missing_corpus_are_one_line_before_the_target_loads(t
     (("eval",), ["train.export.head={empty}/never_trained"], "stage=eval measures train.export.head="),
     (("own_answers",), ["train=sharegpt", "train.own_answers.source={empty}"], "build it first with train_head.py "
                                                                                "stage=sharegpt"),
+    (("corpus", "joint"), ["train.joint.heads=[head,medusa]"], "stage=joint: train.joint.heads: 'medusa' cannot join"),
+    (("corpus", "joint"), ["train.joint.heads=[head,hass]"], "stage=joint: train.joint.primary: 'eagle3' is not"),
 ])
 def test_each_stage_names_its_missing_input(stages, overrides, message, tmp_path):
     cfg = train_cfg(*(o.format(empty=tmp_path) for o in overrides))

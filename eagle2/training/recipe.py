@@ -6,8 +6,9 @@ when named. ``stage_table`` lists them all (``train_head.py stage=list``).
 
 The preflight (``check_inputs``) runs before the target loads: each stage's inputs that an earlier stage of
 the same command does not make (a source's settings, the files its section names, the shards of the source
-it reads; an objective's corpus and ``resume_dir`` state; the exports eval measures). Each problem is one
-``PreflightError`` line naming the config key, the path and the stage that makes it; none needs a model.
+it reads; an objective's corpus, ``resume_dir`` state and settings (its ``check``); the exports eval measures).
+Each problem is one ``PreflightError`` line naming the config key, the path and the stage that makes it; none
+needs a model.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
             _check_exports(cfg, root, before)
         if objective is not None:
             read_warm_state((cfg.train.get(stage) or {}).get("resume_dir"))  # raises WarmStateError
+        if objective is not None and objective.check is not None:
+            try:
+                objective.check(cfg)
+            except ValueError as error:
+                raise PreflightError(f"stage={stage}: {error}") from None
 
 
 def _check_exports(cfg, root: Path, before: set[str]) -> None:

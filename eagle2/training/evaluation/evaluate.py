@@ -93,13 +93,21 @@ def chain_acceptance(chain_fn, seqs: list[Sequence], *, depth: int = 5, stride: 
 
 def chain_tau_measure(chain, target, seqs: list[Sequence], cfg):
     """A trainer ``val_extra`` (``loop.fit``): the greedy-chain tau on ``seqs`` (settings ``cfg``: the eval
-    stage's depth, stride, anchors) of the module being trained, drafting with ``chain(module, target)``."""
+    stage's depth, stride, anchors) of the module being trained, drafting with ``chain(module, target)``. A
+    ``chain`` giving ``{prefix: drafter}`` (a joint run's heads, ``eagle3/``) gives ``<prefix>chain_tau`` of each,
+    a drafter named under several prefixes measured once."""
 
     @torch.no_grad()
     def measure(module) -> dict:
-        result = chain_acceptance(chain(module, target), seqs, depth=cfg.depth, stride=cfg.stride,
-                                  max_anchors_per_sequence=cfg.max_anchors_per_sequence)
-        return {"chain_tau": result["tau"]}
+        drafters = chain(module, target)
+        taus: dict[int, float] = {}
+        for drafter in (drafters.values() if isinstance(drafters, dict) else [drafters]):
+            if id(drafter) not in taus:
+                taus[id(drafter)] = chain_acceptance(drafter, seqs, depth=cfg.depth, stride=cfg.stride,
+                                                     max_anchors_per_sequence=cfg.max_anchors_per_sequence)["tau"]
+        if not isinstance(drafters, dict):
+            return {"chain_tau": taus[id(drafters)]}
+        return {f"{prefix}chain_tau": taus[id(drafter)] for prefix, drafter in drafters.items()}
 
     return measure
 

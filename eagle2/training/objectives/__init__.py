@@ -7,6 +7,19 @@ register: the recipe runs it (in ``stage=all`` at its ``order``), the preflight 
 ``resume_dir``, torchrun may run it (``data_parallel``), and with ``export_key``, ``family`` and ``evaluate`` the
 eval stage measures its export. ``train_objective`` is the part every objective's training shares: the corpus
 split, online features for a token corpus, the loop (``loop.fit``), the shards it read.
+
+**Joining a joint run** (``objectives/joint.py``: several heads trained on the same batches from ONE target
+forward each): an objective declares ``member=Member(setup, export, chain)``, and ``train.joint.heads`` may then
+list its stage. ``setup(target, corpus_dir, cfg)`` builds (or continues) its module from its own section
+``cfg = train.<stage>`` and returns ``(module, loss_fn, fingerprint_extra)``; ``loss_fn(module, batch, *,
+generator, train, with_stats) -> (loss, stats)`` is its loss over one featurized batch (``features``: the
+target's last hidden states, ``layer_features``: the inputs of the layers the module taps, ``tokens``,
+``valid``, the answer spans), the same function its own stage trains with, so validation (``train=False``: top-1,
+top-4) and the per-step stats come from it too. A module that reads tapped layers names them, in the order its
+``layer_features`` concatenates them, as its ``feature_layers`` attribute; the joint forward taps the union of its
+members' layers once and hands each member its own layers. ``export(module, summary, cfg, root, section)``
+writes it through its family's ``save`` to ``train.export.<export_key>`` and ``chain(module, target)`` is its
+greedy chain drafter (the chain tau, where validation measures one).
 """
 
 from __future__ import annotations
@@ -28,6 +41,14 @@ from eagle2.training.support import distributed
 
 
 @dataclass(frozen=True)
+class Member:
+    """How an objective trains as one head of a joint run (module docstring: "Joining a joint run")."""
+    setup: Callable  # (target, corpus_dir, train.<stage>) -> (module, loss_fn, fingerprint extra)
+    export: Callable  # (module, summary, cfg, root, section) -> the exported folder
+    chain: Callable | None = None  # (module, target) -> its greedy chain drafter (``evaluate.chain_acceptance``)
+
+
+@dataclass(frozen=True)
 class Objective:
     stage: str  # train_head.py stage=<stage>; its settings: train.<stage>
     title: str  # what the stage's closing line calls what it exported
@@ -38,6 +59,8 @@ class Objective:
     export_key: str | None = None  # train.export.<export_key>: where stage=eval finds it (None: eval skips it)
     family: Family | None = None  # the drafter family it trains (eagle2.heads.family): its save exports, its load reads
     evaluate: Callable | None = None  # (module, target, sequences, train.eval) -> metrics
+    member: Member | None = None  # how it trains inside a joint run (None: it cannot join one)
+    check: Callable | None = None  # (cfg) -> None: its settings checked before the target loads (ValueError, one line)
 
 
 @lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ from eagle2.training.data import Sequence, tokens_by_frequency
 from eagle2.training.evaluation.agreement import ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
 from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, exported, train_objective
 from eagle2.training.support.losses import (
     LossProjection,
     answer_positions,
@@ -132,11 +132,16 @@ def cls_vocab(corpus_dir, cfg) -> torch.Tensor | None:
     return tokens_by_frequency(corpus_dir, limit=int(size)) if size else None
 
 
+def eagle_setup(target, corpus_dir: str | Path, cfg) -> tuple[EagleHead, object, dict]:
+    """``head_setup`` with the drafting vocabulary of ``cfg`` over ``corpus_dir`` (``cls_vocab``)."""
+    return head_setup(target, cfg, cls_vocab(corpus_dir, cfg))
+
+
 def train_head(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs) -> tuple[EagleHead, dict]:
     """Train an EAGLE head on ``corpus_dir``; checkpoints and metrics go to ``out_dir``; ``kwargs`` go to
     ``objectives.train_objective`` (``val_seqs``) and ``loop.fit``."""
     torch.manual_seed(cfg.seed)
-    head, loss_fn, extra = head_setup(target, cfg, cls_vocab(corpus_dir, cfg))
+    head, loss_fn, extra = eagle_setup(target, corpus_dir, cfg)
     return train_objective(head, loss_fn, target, corpus_dir, cfg, out_dir, desc="head", fingerprint_extra=extra,
                            **kwargs)
 
@@ -158,11 +163,13 @@ def evaluate_head(head, target, seqs: list[Sequence], cfg) -> dict:
                             head_chain_of(head, target))
 
 
-def export_head(head, summary: dict, cfg, root: Path, section: str = "head") -> Path:
-    """Store a trained EAGLE head (published format, no embedding) at ``train.export.head`` with its card."""
+def export_head(head, summary: dict, cfg, root: Path, section: str = "head", *, family=FAMILY,
+                export_key: str = "head") -> Path:
+    """Store a trained EAGLE head (published format, no embedding) at ``train.export.<export_key>`` (a HASS head:
+    ``hass_head``, its ``family``) with its card."""
     if head.draft_vocab is None:  # a head continued from another keeps that head's vocabulary
         head.draft_vocab = tokens_by_frequency(root / cfg.train.corpus.out_dir)
-    return export(head, FAMILY, summary, cfg, root, kind="head", export_key="head", section=section)
+    return export(head, family, summary, cfg, root, kind="head", export_key=export_key, section=section)
 
 
 def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
@@ -173,4 +180,5 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     return export_head(head, summary, cfg, root) if exported(summary) else None
 
 
-OBJECTIVE = Objective("head", "head", head_stage, order=1, export_key="head", family=FAMILY, evaluate=evaluate_head)
+OBJECTIVE = Objective("head", "head", head_stage, order=1, export_key="head", family=FAMILY, evaluate=evaluate_head,
+                      member=Member(eagle_setup, export_head, head_chain_of))

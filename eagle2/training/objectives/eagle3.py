@@ -27,7 +27,7 @@ from eagle2.training.data import Sequence, answer_token_counts, tokens_by_freque
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
 from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, exported, train_objective
 from eagle2.training.support.losses import (
     LogitsSoftCrossEntropy,
     LossProjection,
@@ -216,4 +216,5 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
 
 OBJECTIVE = Objective("eagle3", "EAGLE-3 head", eagle3_stage, order=2, export_key="eagle3_head",
-                      family=FAMILY, evaluate=evaluate_eagle3_head)
+                      family=FAMILY, evaluate=evaluate_eagle3_head,
+                      member=Member(eagle3_setup, export_eagle3, eagle3_chain_of))

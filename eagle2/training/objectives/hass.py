@@ -9,19 +9,22 @@ authors' code). Harmonized objective distillation: a second phase (``topk_phase`
 ``w_topk`` times the top-K loss ``-sum_{v in topK(p)} p_v log q_v`` added (the authors: K = 10, weight 1, a
 third of the learning rate, a quarter of the epochs). Both phases start from ``init_from`` (the shipped EAGLE
 head) and phase 2 from phase 1's head (written to ``<out_dir>/phase1_head``); the export is phase 2's.
+
+In a joint run (``train.joint.heads: [..., hass]``) the HASS head trains phase 1 (``phase_settings(cfg, 1)``) under
+the joint loop's settings; the top-k phase, a continuation at its own rate and length, is ``stage=hass``'s alone.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from eagle2.heads.hass_head import FAMILY
 from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Objective, exported
-from eagle2.training.objectives.eagle import evaluate_head, head_chain_of, train_head
-from eagle2.training.support.models import export
+from eagle2.training.objectives import Member, Objective, exported
+from eagle2.training.objectives.eagle import eagle_setup, evaluate_head, export_head, head_chain_of, train_head
 
 
 def phase_settings(cfg, phase: int):
@@ -29,6 +32,14 @@ def phase_settings(cfg, phase: int):
     settings = OmegaConf.to_container(cfg, resolve=True)
     overrides = settings.pop("topk_phase", None) or {}
     return OmegaConf.create({**settings, "w_topk": 0.0} if phase == 1 else {**settings, **overrides})
+
+
+def hass_setup(target, corpus_dir: str | Path, cfg):
+    """(HASS head, its phase-1 loss, its fingerprint settings): what a joint run trains (``objectives.Member``)."""
+    return eagle_setup(target, corpus_dir, phase_settings(cfg, 1))
+
+
+export_hass = partial(export_head, family=FAMILY, export_key="hass_head")  # to train.export.hass_head
 
 
 def train_hass(target, corpus_dir: str | Path, cfg, out_dir: str | Path, **kwargs):
@@ -49,9 +60,8 @@ def hass_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     c = cfg.train.hass
     head, summary = train_hass(target, root / cfg.train.corpus.out_dir, c, root / c.out_dir, stop_after=c.stop_after,
                                **validation(target, tokenizer, cfg, root, "hass", head_chain_of))
-    if not exported(summary):
-        return None
-    return export(head, FAMILY, summary, cfg, root, kind="head", export_key="hass_head", section="hass")
+    return export_hass(head, summary, cfg, root, "hass") if exported(summary) else None
 
 
-OBJECTIVE = Objective("hass", "HASS head", hass_stage, export_key="hass_head", family=FAMILY, evaluate=evaluate_head)
+OBJECTIVE = Objective("hass", "HASS head", hass_stage, export_key="hass_head", family=FAMILY, evaluate=evaluate_head,
+                      member=Member(hass_setup, export_hass, head_chain_of))
