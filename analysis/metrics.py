@@ -6,7 +6,8 @@
   temperature and machine; without a plain baseline there is no speedup (NaN, flagged). Plain decoding
   comes in two kinds, eager and compiled (the rows' ``compile``, ``eagle2.results.frames``): ``speedup`` is
   over plain of the config's own kind (``baseline`` names it), ``speedup_eager`` and ``speedup_compiled``
-  over each (NaN where that plain has no rows); in a folder of one kind ``speedup`` is what it always was;
+  over each (NaN where that plain has no rows) and ``speedup_fastest`` over the faster of the two (the baseline
+  a speedup must beat on that machine); in a folder of one kind ``speedup`` is what it always was;
 - time breakdown: draft forwards, verify forwards, everything else (bookkeeping), per round summed;
 - per-position acceptance and calibration from the per-node records.
 """
@@ -61,7 +62,8 @@ def _round_mean(rounds_of_rows, key: str) -> float:
 def method_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per (model, dataset, method, temperature, config): tokens/s, tau, speedup, time shares;
     ``compiled`` (its kind), ``baseline`` (the plain ``speedup`` is over: ``eager`` or ``compiled``) and
-    ``speedup_eager`` / ``speedup_compiled`` (over each plain, with ``..._turns`` the turns they share)."""
+    ``speedup_eager`` / ``speedup_compiled`` (over each plain, with ``..._turns`` the turns they share) and
+    ``speedup_fastest`` (over the faster plain)."""
     out = []
     kinds = compiled(rows)
     for key, g in rows.groupby(GROUP, dropna=False):
@@ -73,6 +75,9 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
         rec["baseline"] = BASELINES[rec["compiled"]]
         for kind in BASELINES:
             rec[f"speedup_{kind}"], rec[f"speedup_{kind}_turns"] = _speedup(g, baseline_rows(rows, g, kind))
+        # over the faster of the two plains on these turns: the smaller of the two ratios
+        rec["speedup_fastest"] = min((rec[f"speedup_{k}"] for k in BASELINES if rec[f"speedup_{k}"] == rec[f"speedup_{k}"]),
+                                     default=np.nan)
         out.append(rec)
     return pd.DataFrame(out)
 

@@ -115,7 +115,7 @@ def _tables(rep: Report, rows: pd.DataFrame, published: pd.DataFrame) -> None:
     shown = [c for c in METHOD_COLUMNS if c in table]
     if both_kinds(rows):  # eager and compiled runs: each config's speedup over each plain, beside its own kind's
         at = shown.index("speedup") + 1
-        shown[at:at] = ["baseline", "speedup_eager", "speedup_compiled"]
+        shown[at:at] = ["baseline", "speedup_eager", "speedup_compiled", "speedup_fastest"]
     rep.text(table[shown].to_markdown(index=False, floatfmt=".3f"), "methods.md",
              "per config (markdown): tokens/s, speedup, the cost model's predicted speedup, tau, round split")
     if not (rows.method == "plain").any():
