@@ -4,7 +4,7 @@ Each round the head catches up on the newly committed (token, fused feature) pai
 runs K - 1 mask slots behind the last of them (K = ``depth``): the output at the last pair gives depth 1's
 distribution, slot d depth d + 1's. The slots' cache entries are dropped at the next catch-up. The round's tree
 is a choice tree over these K distributions (Medusa's notation, ``eagle2.drafters.medusa``): node
-``[r1, ..., rd]`` is the rd-th most likely token of depth d. ``choices`` names it; null gives the chain of the
+``[r1, ..., rd]`` is the rd-th most likely token of depth d. ``choice_tree`` names it; null gives the chain of the
 depths' best tokens with each depth's ``top_k`` - 1 runners-up as siblings (``top_k=1``: a chain). The tree keeps
 the best ``total_tokens`` nodes by path value V (the product of confidences), or with ``total_tokens=auto`` the
 count the cost profile prices best (``eagle2.drafters.budget``), as EAGLE-2 does. The choices are deterministic
@@ -75,7 +75,7 @@ class PEagleDrafter(HeadRunner):
 
 def build(method_cfg, target, params, generator, weights: dict) -> PEagleDrafter:
     head, depth = weights["peagle_head"], int(method_cfg.depth)
-    choices = method_cfg.get("choices") or default_choices(depth, int(method_cfg.top_k))
+    choices = method_cfg.get("choice_tree") or default_choices(depth, int(method_cfg.top_k))
     total, profile = method_cfg.total_tokens, None
     if str(total) == "auto":
         total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
@@ -85,5 +85,13 @@ def build(method_cfg, target, params, generator, weights: dict) -> PEagleDrafter
                          total_tokens=int(total), profile=profile)
 
 
-CHECKS = {"depth": checks.integer(1), "top_k": checks.integer(1),
-          "total_tokens": checks.integer_or("auto", 1)}
+def _choice_tree(value, _cfg) -> bool:
+    try:
+        return value is None or bool(choice_paths(list(value)))
+    except (TypeError, ValueError):
+        return False
+
+
+CHECKS = {"depth": checks.integer(1), "top_k": checks.integer(1), "total_tokens": checks.integer_or("auto", 1),
+          "choice_tree": checks.Check("null (the best chain with top_k per depth) or choice paths ([[0], [1], [0, 0]])",
+                                      _choice_tree)}
