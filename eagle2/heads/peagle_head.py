@@ -81,7 +81,8 @@ def write_random(folder: str | Path, target_config, seed: int = 6) -> Path:
     head = PEagleHead(peagle_config_from_target(target_config, draft, para_depths=4), fused)
     with torch.no_grad():
         for name, p in head.named_parameters():
-            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else (torch.rand(p.shape, generator=gen) - 0.5) * 0.07)
+            noise = (torch.rand(p.shape, generator=gen) - 0.5) * 0.07
+            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else noise)
     head.set_draft_vocabulary(torch.randperm(target_config.vocab_size, generator=gen)[:draft])
     return save_peagle_head(head, Path(folder), dtype=torch.float16)
 

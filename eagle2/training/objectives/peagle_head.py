@@ -141,7 +141,12 @@ def peagle_chain(head, seq, anchors: list[int], depth: int) -> torch.Tensor:
 def evaluate_peagle_head(head, target, seqs, cfg) -> dict:
     """Held-out top-1 per depth (teacher-forced, the seeded COD draw) and the one-forward chain's acceptance."""
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    return evaluate_drafter(head, seqs, cfg, partial(peagle_loss, proj=proj), lambda s, a, d: peagle_chain(head, s, a, d))
+    return evaluate_drafter(head, seqs, cfg, partial(peagle_loss, proj=proj), peagle_chain_of(head, target))
+
+
+def peagle_chain_of(head, target):
+    """The head's greedy one-forward chain drafter (``evaluate.chain_acceptance``)."""
+    return partial(peagle_chain, head)
 
 
 def peagle_stage(target, tokenizer, cfg, root: Path) -> Path | None:
@@ -149,11 +154,10 @@ def peagle_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     c = cfg.train.peagle_head
     torch.manual_seed(c.seed)
     head, loss_fn, extra = peagle_setup(target, root / cfg.train.corpus.out_dir, c)
-    chain = (lambda module, _target: partial(peagle_chain, module))
     head, summary = train_objective(head, loss_fn, target, root / cfg.train.corpus.out_dir, c, root / c.out_dir,
                                     desc="peagle", fingerprint_extra=extra, tap_layers=head.feature_layers,
                                     stop_after=c.stop_after, **validation(target, tokenizer, cfg, root, "peagle_head",
-                                                                          chain))
+                                                                          peagle_chain_of))
     if not exported(summary):
         return None
     return export(head, FAMILY, summary, cfg, root, kind="peagle", export_key="peagle_head", section="peagle_head")
