@@ -76,8 +76,8 @@ def method_table(rows: pd.DataFrame) -> pd.DataFrame:
         for kind in BASELINES:
             rec[f"speedup_{kind}"], rec[f"speedup_{kind}_turns"] = _speedup(g, baseline_rows(rows, g, kind))
         # over the faster of the two plains on these turns: the smaller of the two ratios
-        rec["speedup_fastest"] = min((rec[f"speedup_{k}"] for k in BASELINES if rec[f"speedup_{k}"] == rec[f"speedup_{k}"]),
-                                     default=np.nan)
+        ratios = [rec[f"speedup_{k}"] for k in BASELINES]
+        rec["speedup_fastest"] = min((r for r in ratios if r == r), default=np.nan)
         out.append(rec)
     return pd.DataFrame(out)
 

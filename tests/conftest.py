@@ -80,6 +80,31 @@ def shared_eagle3_head(target):
     return _EAGLE3_HEADS[target]
 
 
+_PEAGLE_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tiny_peagle_head(target, seed: int = 0, para_depths: int = 4):
+    """A random P-EAGLE head for ``target`` (fused layers as ``tiny_eagle3_head``'s, the full vocabulary as its
+    draft vocabulary, a random ``mask_hidden``), on its device and dtype."""
+    from eagle2.core.features import eagle3_layers
+    from eagle2.heads.peagle_head import PEagleHead, peagle_config_from_target
+
+    layers = target.config.num_hidden_layers
+    fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
+    torch.manual_seed(seed)
+    head = PEagleHead(peagle_config_from_target(target.config, target.config.vocab_size, para_depths), fused)
+    torch.nn.init.normal_(head.mask_hidden)
+    head.attach_embedding(target.get_input_embeddings())
+    return head.to(target.device, target.dtype).eval()
+
+
+def shared_peagle_head(target):
+    """One random P-EAGLE head per target object."""
+    if target not in _PEAGLE_HEADS:
+        _PEAGLE_HEADS[target] = tiny_peagle_head(target, seed=6)
+    return _PEAGLE_HEADS[target]
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from omegaconf import OmegaConf
@@ -176,12 +201,13 @@ def shared_rest_datastore(target):
 
 
 def shared_drafter_weights(target, method=None) -> dict:
-    """The drafter data tests share per target that no fixture passes by name (an EAGLE-3 head, a REST
-    datastore): the kinds ``method`` (a method config) needs, or all of them."""
+    """The drafter data tests share per target that no fixture passes by name (an EAGLE-3 or P-EAGLE head, a
+    REST datastore): the kinds ``method`` (a method config) needs, or all of them."""
     from omegaconf import OmegaConf
 
     from eagle2.registry import method_spec
 
-    makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore}
+    makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore,
+              "peagle_head": shared_peagle_head}
     needed = makers if method is None else method_spec(OmegaConf.create(method)).weights
     return {kind: makers[kind](target) for kind in needed if kind in makers}

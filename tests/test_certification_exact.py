@@ -38,7 +38,9 @@ from tests.sampling_reference import reference_for
 
 pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets independent of machine load
 
-VOCAB, PROMPT, METHODS, PARAMS = cert.VOCAB, cert.PROMPT, cert.METHODS, cert.PARAMS
+VOCAB, PROMPT, PARAMS = cert.VOCAB, cert.PROMPT, cert.PARAMS
+METHODS = {**cert.METHODS,  # and P-EAGLE: two depths from one forward, a top-2 tree (a random head per target)
+           "peagle": {"name": "peagle", "depth": 2, "top_k": 2, "total_tokens": 4}}
 # the fixed first tokens: each context PROMPT + [first] is checked; 2 and 3 are the target's likely
 # first tokens, after 6 SpS drafts and after 7 EAGLE trees are most often fully accepted
 CONTEXTS = (2, 3, 6, 7)

@@ -24,6 +24,7 @@ SPEC_METHODS = {
     "eagle2_auto": {"name": "eagle2", "depth": 3, "top_k": 4, "total_tokens": "auto", "max_total_tokens": 10,
                     "profile_dir": PROFILE_DIR},
     "eagle3": {"name": "eagle3", "depth": 4, "top_k": 4, "total_tokens": 10},  # a random EAGLE-3 head per target
+    "peagle": {"name": "peagle", "depth": 4, "top_k": 3, "total_tokens": 8},  # a random P-EAGLE head per target
 }
 PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 

@@ -45,8 +45,11 @@ def _sections(**loop):
                     topk_phase={"w_topk": 1.0, "max_steps": 2})
     eagle31 = head_cfg(**{**common, "seed": 7}, draft_vocab_size=40, unroll=2, unroll_cls_fraction=1.0,
                        taps=[1, 2, 3], eagle31_norms=True)
+    peagle = head_cfg(**{**common, "seed": 9}, draft_vocab_size=40, para_depths=3, down_sample_ratio=1.0,
+                      down_sample_ratio_min=1.0)  # every anchor at every depth: nothing random
     joint = head_cfg(**common, primary="eagle3", **loop)
-    return OmegaConf.create({"head": head, "eagle3": eagle3, "hass": hass, "eagle31": eagle31, "joint": joint})
+    return OmegaConf.create({"head": head, "eagle3": eagle3, "hass": hass, "eagle31": eagle31,
+                             "peagle_head": peagle, "joint": joint})
 
 
 # an objective declared by the test alone: an EAGLE-3.1 head tapping other layers than the EAGLE-3 head's
@@ -97,10 +100,11 @@ def test_the_bf16_body_keeps_the_target_and_its_rotary_tables(token_corpus):  # 
 
 
 def test_every_member_loss_is_its_solo_loss_on_the_same_batch(token_corpus):  # noqa: F811
-    """Members tapping different layers (EAGLE-3: 2, 2, 1; EAGLE-3.1: 1, 2, 3) share one forward over their union
-    and each reads its own layers: its loss is the loss its own objective gives on a batch featurized for it."""
+    """Members tapping different layers (EAGLE-3 and P-EAGLE: 2, 2, 1; EAGLE-3.1: 1, 2, 3) share one forward over
+    their union and each reads its own layers: its loss is the loss its own objective gives on a batch featurized
+    for it."""
     target = tiny_target(layers=4)
-    cfg = _sections(heads=["head", "eagle3", "hass", "eagle31"])
+    cfg = _sections(heads=["head", "eagle3", "hass", "eagle31", "peagle_head"])
     heads, losses = {}, {}
     for name, member in joint_members(cfg, MEMBERS).items():
         heads[name], losses[name], _ = member.setup(target, token_corpus, cfg[name])

@@ -96,6 +96,7 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
+    title, family_key = "EAGLE-3 head", "eagle3_head"  # how errors name it, its model-config key
     shared_keys = ()  # nothing of the target is stored with it (its embedding is kept out of the state)
 
     def __init__(self, config: LlamaConfig, feature_layers: tuple[int, ...]):
@@ -202,16 +203,19 @@ def _feature_layers(config: LlamaConfig, target) -> tuple[int, ...]:
     return tuple(int(i) for i in named) if named else eagle3_layers(target.config.num_hidden_layers)
 
 
-def load_eagle3_head(location: str | Path, target) -> Eagle3Head:
-    """Load a head in the official EAGLE-3 format, strictly, on the target's device and dtype."""
-    folder = checkpoint_folder(str(location), "EAGLE-3 head", "model.eagle3_head")
+def load_eagle3_head(location: str | Path, target, head_class: type | None = None) -> Eagle3Head:
+    """Load a head in the official EAGLE-3 format, strictly, on the target's device and dtype. ``head_class``: a
+    head of the EAGLE-3 architecture with weights of its own (P-EAGLE's, ``eagle2.heads.peagle_head``), whose
+    extra keys are then expected too."""
+    head_class = head_class or Eagle3Head
+    folder = checkpoint_folder(str(location), head_class.title, f"model.{head_class.family_key}")
     config = _read_config(folder)
     if config.vocab_size != target.config.vocab_size:
         raise ValueError(f"EAGLE-3 head {folder}: vocab_size {config.vocab_size} != the target's "
                          f"{target.config.vocab_size}")
     config._attn_implementation = "sdpa"
     config.target_num_hidden_layers = int(target.config.num_hidden_layers)
-    head = Eagle3Head(config, _feature_layers(config, target))
+    head = head_class(config, _feature_layers(config, target))
     state = read_weights(folder)
     embed = state.pop("embed_tokens.weight", None)
     expected = head.state_dict()

@@ -1,0 +1,97 @@
+"""P-EAGLE: K depths drafted by ONE head forward per round (``eagle2.heads.peagle_head``).
+
+Each round the head catches up on the newly committed (token, fused feature) pairs and, in the same forward,
+runs K - 1 mask slots behind the last of them (K = ``depth``): the output at the last pair gives depth 1's
+distribution, slot d depth d + 1's. The slots' cache entries are dropped at the next catch-up. The round's tree
+is a choice tree over these K distributions (Medusa's notation, ``eagle2.drafters.medusa``): node
+``[r1, ..., rd]`` is the rd-th most likely token of depth d. ``choice_tree`` names it; null gives the chain of the
+depths' best tokens with each depth's ``top_k`` - 1 runners-up as siblings (``top_k=1``: a chain). The tree keeps
+the best ``total_tokens`` nodes by path value V (the product of confidences), or with ``total_tokens=auto`` the
+count the cost profile prices best (``eagle2.drafters.budget``), as EAGLE-2 does. The choices are deterministic
+(top-k), so at temperature > 0 they are verified by the rule for deterministically chosen siblings. Every
+drafted node is recorded with its depth, rank and confidence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle2.core.cache import crop
+from eagle2.core.tree import DraftTree, choice_paths
+from eagle2.drafters import setting_checks as checks
+from eagle2.drafters.budget import CostProfile, best_budget
+from eagle2.drafters.eagle2_dynamic import ranked
+from eagle2.drafters.eagle_common import HeadRunner, path_log_values, to_host, tree_from_drafted
+from eagle2.heads.eagle_head import causal_mask
+
+
+def default_choices(depth: int, top_k: int) -> list[list[int]]:
+    """The best chain of ``depth`` tokens, each depth's ``top_k`` - 1 runners-up as siblings."""
+    return [[0] * d + [r] for d in range(depth) for r in range(top_k)]
+
+
+class PEagleDrafter(HeadRunner):
+    def __init__(self, head, device, *, depth: int, choices, total_tokens: int, profile: CostProfile | None = None):
+        super().__init__(head, None, device)
+        self.depth = depth
+        self.paths = [p for p in choice_paths(choices) if len(p) <= depth]
+        index = {p: i for i, p in enumerate(self.paths)}
+        self.parent = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in self.paths])
+        self.node_depth = torch.tensor([len(p) for p in self.paths])
+        self.rank = torch.tensor([p[-1] for p in self.paths])
+        self.top_k = int(self.rank.max()) + 1
+        self.total_tokens, self.profile = total_tokens, profile
+
+    def parallel_log_probs(self) -> torch.Tensor:
+        """Catch up on the pending pairs and run the K - 1 mask slots behind them, in ONE head forward; returns
+        (K, V) log-probabilities of depths 1..K over the drafting vocabulary."""
+        slots = self.depth - 1
+        n, head = len(self.pending_tokens), self.head
+        mask_tokens, mask_feats = head.mask_slots(slots, self.device)
+        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats] + [mask_feats.to(self.dtype)])
+        tokens = torch.cat([torch.tensor(self.pending_tokens, device=self.device), mask_tokens])
+        crop(self.cache, self.committed)  # the last round's slots
+        positions = torch.arange(self.committed, self.committed + n + slots, device=self.device)
+        out = self._head(tokens, feats, positions, causal_mask(n + slots, self.committed, self.dtype, self.device))
+        self.caught_up(n, out[n - 1])  # the slots' entries lie past the committed ones: dropped next round
+        return self.log_probs(out[n - 1:])
+
+    def propose(self, root: int, room: int) -> DraftTree:
+        budget = min(self.total_tokens, len(self.paths), room - 1)
+        log_probs = self.parallel_log_probs()
+        if budget < 1:
+            return DraftTree.root_only(root)
+        tokens, log_conf = self.top(log_probs, self.top_k)  # (K, top_k), best first
+        pick = (self.node_depth - 1).to(tokens.device), self.rank.to(tokens.device)
+        tokens, log_conf = to_host(tokens[pick], log_conf[pick])
+        log_value = path_log_values(self.parent, log_conf)
+        order, meta = ranked(log_value, self.node_depth), {}
+        if self.profile is not None:
+            budget, expected, seconds = best_budget(log_value[order[:budget]].exp(), self.profile, self.depth)
+            meta = {"budget_mode": "auto", "expected_tokens": expected, "predicted_round_s": seconds}
+        return tree_from_drafted(root, tokens, self.parent, self.node_depth, self.rank, log_conf, log_value,
+                                 order[:budget].sort().values, budget=budget, **meta)
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> PEagleDrafter:
+    head, depth = weights["peagle_head"], int(method_cfg.depth)
+    choices = method_cfg.get("choice_tree") or default_choices(depth, int(method_cfg.top_k))
+    total, profile = method_cfg.total_tokens, None
+    if str(total) == "auto":
+        total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
+        if profile is None:
+            raise ValueError("method.total_tokens=auto needs the cost profile the harness measures")
+    return PEagleDrafter(head, target.device, depth=depth, choices=[list(c) for c in choices],
+                         total_tokens=int(total), profile=profile)
+
+
+def _choice_tree(value, _cfg) -> bool:
+    try:
+        return value is None or bool(choice_paths(list(value)))
+    except (TypeError, ValueError):
+        return False
+
+
+CHECKS = {"depth": checks.integer(1), "top_k": checks.integer(1), "total_tokens": checks.integer_or("auto", 1),
+          "choice_tree": checks.Check("null (the best chain with top_k per depth) or choice paths ([[0], [1], [0, 0]])",
+                                      _choice_tree)}
