@@ -10,14 +10,17 @@ EAGLE's head state (``eagle2.drafters.head_group.TreeHeads``) is replaced by one
 Hydra's heads by modules whose LM heads give the planted rows. Each expectation is computed here from the table by
 the published rule, independently of the drafter's code.
 
-Negative controls (by hand): EAGLE-2 expanding the newest layer's worst nodes (``torch.topk(..., largest=False)`` in
-``propose_batch``) fails ``test_eagle2_tree_is_the_best_nodes_by_path_value``; EAGLE's static tree taking each
-node's ``rank + 1``-th child fails ``test_eagle_static_tree_is_its_choices``; Medusa reading every depth from the
-first head fails ``test_medusa_tree_is_each_heads_ranked_choice``; Hydra feeding the root instead of the parent's
-path fails ``test_hydra_tree_follows_each_parents_path``; Token Recycling keeping a token's first row instead of its
-last fails ``test_token_recycling_fills_the_template_from_the_latest_rows``; the pool giving the oldest n-gram first
-fails ``test_lookahead_candidates_are_the_most_recent_ngrams``; SpS drafting the second-best token fails
-``test_sps_chain_is_the_draft_models_greedy_chain``.
+Negative controls (by hand), each failing the test named:
+- EAGLE-2 expanding the newest layer's worst nodes (``torch.topk(..., largest=False)`` in ``propose_batch``), and
+  ranking the drafted nodes worst first (``ranked``): ``test_eagle2_tree_is_the_best_nodes_by_path_value`` and
+  ``test_eagle3_tree_drafts_over_its_draft_vocabulary``;
+- EAGLE's static tree taking each node's ``rank + 1``-th child: ``test_eagle_static_tree_is_its_choices``;
+- Medusa reading every depth from the first head: ``test_medusa_tree_is_each_heads_ranked_choice``;
+- Hydra feeding the root alone instead of the parent's path: ``test_hydra_tree_follows_each_parents_path``;
+- Token Recycling keeping a token's first row instead of its last:
+  ``test_token_recycling_fills_the_template_from_the_latest_rows``;
+- the n-gram pool giving the oldest n-gram first: ``test_lookahead_candidates_are_the_most_recent_ngrams``;
+- SpS drafting the second-best token: ``test_sps_chain_is_the_draft_models_greedy_chain``.
 """
 
 from __future__ import annotations
