@@ -8,6 +8,7 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.oracle import OracleDrafter
 from eagle2.results.store import read_rows
 
@@ -35,6 +36,9 @@ def _read_references(files: tuple[tuple[str, int], ...], dtype: str) -> dict[tup
             if len(row["output_ids"]) > len(out.get(key, ())):
                 out[key] = list(row["output_ids"])
     return out
+
+
+CHECKS = {"reference": checks.path("no stored rows: it decodes its look-ahead itself")}  # before any model loads
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> OracleDrafter:

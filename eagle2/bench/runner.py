@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from eagle2.bench import compile_choice
+from eagle2.bench.first_use import provide
 from eagle2.bench.gpu_facts import reset_peak_memory
 from eagle2.bench.methods import build_drafter
 from eagle2.bench.models import load_target, load_tokenizer
@@ -71,12 +72,14 @@ def drafter_locations(cfg: DictConfig) -> dict[str, str]:
 def drafter_fingerprints(cfg: DictConfig) -> dict[str, str | None]:
     """Content hashes of the method's local drafter weights, by model-config key (None: a hub id), once
     their files are checked (``eagle2.heads.locations``: one line for a file, a missing folder, an LFS
-    pointer, a damaged header, before the target loads)."""
+    pointer, a damaged header, before the target loads); data that builds itself on first use
+    (``eagle2.bench.first_use``: REST's chat datastore) is built first."""
     from eagle2.heads.checkpoint import weights_fingerprint
     from eagle2.heads.locations import check_weights_location
 
     locations = drafter_locations(cfg)
     for key, location in locations.items():
+        location = locations[key] = provide(key, location, cfg.model)  # REST's datastore: built on first use
         kind = families()[key]
         if kind.check is not None:
             kind.check(location, f"model.{key}")

@@ -59,6 +59,11 @@ METHOD_MINIMUMS = {
 }
 
 
+# every method key checked here by its meaning (the rest each drafter declares in its CHECKS)
+CHECKED_BY_MEANING = frozenset(METHOD_MINIMUMS) | {"total_tokens", "draft_temperature", "draft_lm_head_dtype",
+                                                    "choices"}
+
+
 def validate_method_config(method: DictConfig) -> None:
     """Raise one ConfigError for the first bad value among the method's own keys."""
     for key, (minimum, null_means) in METHOD_MINIMUMS.items():

@@ -34,6 +34,7 @@ from functools import partial
 import torch
 
 from eagle2.core.tree import DraftTree
+from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.budget import CostProfile, best_budget, best_shared_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
 from eagle2.drafters.head_group import TreeHeads
@@ -233,6 +234,11 @@ def merge_chain(chain: list[int], columns: tuple, order: torch.Tensor, budget: i
                torch.cat([ranks, torch.full((m,), -1, dtype=ranks.dtype)]),
                torch.cat([log_conf, nan]), torch.cat([log_value, nan]))
     return columns, keep
+
+
+CHECKS = {"adaptive_depth": checks.only_with("total_tokens", "auto"), "lookup_branch": checks.boolean(),
+          "reprofile": checks.boolean(), "profile_dir": checks.path("~/.cache/eagle2/profiles")}
+# run before any model loads (eagle2.bench.validation); its integer keys are checked there by meaning
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:

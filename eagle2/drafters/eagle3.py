@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from eagle2.drafters import eagle2_dynamic
 
+CHECKS = {key: check for key, check in eagle2_dynamic.CHECKS.items() if key != "lookup_branch"}  # no lookup branch
+
 
 def build(method_cfg, target, params, generator, weights: dict):
     return eagle2_dynamic.build(method_cfg, target, params, generator,

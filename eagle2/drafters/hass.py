@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from eagle2.drafters import eagle2_dynamic
 
+CHECKS = eagle2_dynamic.CHECKS
+
 
 def build(method_cfg, target, params, generator, weights: dict):
     return eagle2_dynamic.build(method_cfg, target, params, generator,

@@ -15,6 +15,7 @@ tree (``eagle2.drafters.suffix_tree``, windows of ``max_depth``), the corpus the
 from __future__ import annotations
 
 from eagle2.drafters import setting_checks as checks
+from eagle2.drafters.eagle2_dynamic import CHECKS as EAGLE2_CHECKS
 from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
 from eagle2.drafters.eagle2_dynamic import build as build_eagle2
 from eagle2.drafters.suffix_tree import SuffixTree
@@ -55,7 +56,8 @@ class RetrievedChain:
 
 
 CHECKS = {"max_depth": checks.integer(2), "min_span": checks.integer(1), "max_span": checks.at_least_key("min_span", 1),
-          "max_matches": checks.integer(1)}  # run before any model loads (eagle2.bench.validation)
+          "max_matches": checks.integer(1),  # run before any model loads (eagle2.bench.validation)
+          **{key: EAGLE2_CHECKS[key] for key in ("profile_dir", "reprofile")}}  # its EAGLE-2 tree's
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter:

@@ -50,6 +50,18 @@ def boolean() -> Check:
     return Check("true or false", lambda v, _: isinstance(v, bool))
 
 
+def path(null_means: str) -> Check:
+    """A path (a non-empty string), or null meaning ``null_means``."""
+    return Check(f"null ({null_means}) or a path", lambda v, _: v is None or (isinstance(v, str) and bool(v.strip())))
+
+
+def only_with(other: str, value) -> Check:
+    """true or false, true only where the config's ``other`` key is ``value`` (``adaptive_depth`` needs
+    ``total_tokens=auto``)."""
+    return Check(f"true or false, true only with method.{other}={value}",
+                 lambda v, cfg: isinstance(v, bool) and (not v or cfg.get(other) == value))
+
+
 def at_least_key(other: str, minimum: int) -> Check:
     """An integer >= ``minimum`` and >= the config's ``other`` key (``max_span`` >= ``min_span``)."""
     def ok(v, cfg) -> bool:

@@ -66,7 +66,7 @@ class Datastore:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")  # two first uses at once: each its own
         with open(tmp, "wb") as f:
             np.savez(f, tokens=self.tokens, suffixes=self.suffixes, depth=np.int64(self.depth))
         os.replace(tmp, path)

@@ -24,12 +24,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from eagle2.prompts.sharegpt_export import ngram_keys, words  # noqa: F401 (words: read from here by corpora)
 
 Conversation = tuple[list[int], list[tuple[int, int]]]  # (token ids, answer spans [start, end))
 
@@ -168,18 +169,6 @@ def check_existing_taps(folder: Path, tap_layers: tuple[int, ...]) -> None:
     if had != tap_layers:
         raise ValueError(f"{folder} was written with tap_layers={list(had)}, not {list(tap_layers)}: use another "
                          "out_dir (or delete it to rebuild)")
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def ngram_keys(text: str, n: int = 8) -> set[str]:
-    """The normalised word n-grams of ``text`` (its whole normalised text when shorter than n words)."""
-    found = words(text)
-    if len(found) < n:
-        return {" ".join(found)} if found else set()
-    return {" ".join(found[i:i + n]) for i in range(len(found) - n + 1)}
 
 
 class Dedup:

