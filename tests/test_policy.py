@@ -119,7 +119,7 @@ def test_rows_record_the_choice_and_outputs_stay_plain_decoding(tiny, method):
                                 PROMPT, GREEDY, 40, set()).output_ids
     for prof, allowed in ((flat(1.0, 9.0), {"probe", "plain"}), (flat(1.0, 0.0), {"probe", "draft", "plain"})):
         drafter = build_drafter(OmegaConf.create({**method, "policy": "pays"}), target, GREEDY, None, head=head,
-                                draft_model=draft, weights={"policy_profile": prof})
+                                sps_draft=draft, weights={"policy_profile": prof})
         out = engine.generate(target, drafter, PROMPT, GREEDY, 40, set())
         assert out.output_ids == reference
         choices = [r.record()["policy_choice"] for r in out.rounds]

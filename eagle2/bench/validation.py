@@ -61,7 +61,7 @@ METHOD_MINIMUMS = {
 
 # every method key checked here by its meaning (the rest each drafter declares in its CHECKS)
 CHECKED_BY_MEANING = frozenset(METHOD_MINIMUMS) | {"total_tokens", "draft_temperature", "draft_lm_head_dtype",
-                                                    "choices"}
+                                                    "choices", "policy"}
 
 
 def validate_method_config(method: DictConfig) -> None:

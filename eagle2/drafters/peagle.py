@@ -94,4 +94,5 @@ def _choice_tree(value, _cfg) -> bool:
 
 CHECKS = {"depth": checks.integer(1), "top_k": checks.integer(1), "total_tokens": checks.integer_or("auto", 1),
           "choice_tree": checks.Check("null (the best chain with top_k per depth) or choice paths ([[0], [1], [0, 0]])",
-                                      _choice_tree)}
+                                      _choice_tree),
+          "reprofile": checks.boolean(), "profile_dir": checks.path("~/.cache/eagle2/profiles")}
