@@ -9,7 +9,7 @@ REPORT ?= report
 DTYPE ?= bfloat16
 TEST_WORKERS ?= 2   # pytest-xdist processes; most tests are bound by Python overhead, one per core
 
-.PHONY: help install demo test test-slow lint profiles profiles-clear results status bench-engine bench-floor bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle gpu-env clean
+.PHONY: help install demo test test-slow test-entrypoints lint profiles profiles-clear results status bench-engine bench-floor bench-plain bench-batch bench-sps audit bench-table report train train-selfdistill ablation gpu-check gpu-bundle gpu-env clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ test: install  ## the test suite (offline, CPU; slow tests excluded; TEST_WORKER
 
 test-slow: install  ## only the slow tests (many-sample certification, run.py sweeps, long decodes, real training)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m slow
+
+test-entrypoints: install  ## the slow tests that start run.py in a subprocess (sweeps, a killed sweep's resume); CI runs them
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m entrypoint
 
 lint: install  ## ruff
 	$(VENV)/bin/ruff check eagle2 analysis experiments tests run.py train_head.py

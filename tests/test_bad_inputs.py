@@ -224,6 +224,7 @@ def test_too_long_prompts_skip_and_truncate_left(tmp_path):
 
 
 @pytest.mark.slow  # run.py decodes SmolLM2 in a subprocess
+@pytest.mark.entrypoint
 def test_a_turn_its_answers_make_too_long_is_counted_and_the_cli_exits_non_zero(tmp_path, smollm2):
     """The check before loading counts unknown answers as empty; a second turn that only its first answer
     pushes past the context fails while decoding: a failed row, counted, and run.py's last line says so."""

@@ -89,6 +89,7 @@ def test_table1_is_the_full_grid():
 
 
 @pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
+@pytest.mark.entrypoint
 def test_named_experiment_sweeps_its_cells(tmp_path):
     """``python run.py -m experiment=fig1`` really launches one job per method, at temperature 1."""
     out = run_py("-m", "experiment=fig1", "dataset.limit=0", f"paths.results={tmp_path / 'r'}",
@@ -100,6 +101,7 @@ def test_named_experiment_sweeps_its_cells(tmp_path):
 
 
 @pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
+@pytest.mark.entrypoint
 def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head_dir):
     results = tmp_path / "r"
     args = [sys.executable, "run.py", "-m", "method=plain,eagle2", "dataset.limit=3", *COMMON,
@@ -134,6 +136,7 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating_rows(tmp_path, head
 
 
 @pytest.mark.slow  # run.py sweeps in a subprocess, several cells on SmolLM2
+@pytest.mark.entrypoint
 def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     results = tmp_path / "r"
     missing = unloadable_weights(tmp_path / "no_such_head")  # passes the checks before loading, not the loader
