@@ -23,8 +23,8 @@ def pytest_configure(config):
     # registered here, not in pyproject.toml: editing that file makes `make` reinstall the environment
     config.addinivalue_line("markers", "gpu: identity and certification cases in fp16/bf16 on a CUDA device "
                             "(tests/devices.py); run with -m gpu")
-    config.addinivalue_line("markers", "entrypoint: slow tests that start run.py in a subprocess; `make test-entrypoints` "
-                            "(CI runs it after make test)")
+    config.addinivalue_line("markers", "entrypoint: slow tests that start run.py in a subprocess; "
+                            "`make test-entrypoints` (CI runs it after make test)")
 
 
 # cost profiles measured by tests (method total_tokens=auto) go here, not to ~/.cache

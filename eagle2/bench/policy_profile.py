@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from eagle2.bench import cost_profile
 from eagle2.drafters.budget import CostProfile
-from eagle2.drafters.policy import PolicyDrafter
+from eagle2.drafters.policy import PolicyDrafter, resolved_policy
 
 NOT_SETTINGS = ("policy", "profile_dir", "reprofile", "verify_rows", "draft_rows")  # where, or how it is priced
 
@@ -50,7 +50,7 @@ def policy_profile(method_cfg, target, chosen: dict, build_at) -> CostProfile:
 
 def with_policy(drafter, method_cfg, target, chosen: dict, build_at):
     """``drafter`` under the method's ``policy``: wrapped by ``PolicyDrafter`` when it is ``pays``."""
-    if method_cfg.get("policy", "always") != "pays":
+    if resolved_policy(method_cfg, chosen.get("cost_profile") is not None) != "pays":
         return drafter
     profile = policy_profile(method_cfg, target, chosen, build_at)
     return PolicyDrafter(drafter, profile, depth=int(method_cfg.get("depth") or 1))  # draft_s clamps the depth

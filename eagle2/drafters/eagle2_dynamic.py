@@ -39,6 +39,7 @@ from eagle2.drafters.budget import CostProfile, best_budget, best_shared_budget
 from eagle2.drafters.eagle_common import HeadRunner, drafting_settings, to_host, tree_from_drafted
 from eagle2.drafters.head_group import TreeHeads
 from eagle2.drafters.lookup import find_chains
+from eagle2.drafters.policy import resolved_policy
 
 ChainSource = Callable[[list[int]], list[list[int]]]  # the tokens so far -> continuations, best first
 EXPLORE = 4  # adaptive depth: every this many rounds, a round drafts at full depth again
@@ -256,7 +257,8 @@ def build(method_cfg, target, params, generator, weights: dict) -> Eagle2Drafter
         from eagle2.drafters.pld import lookup_settings
 
         lookup = partial(find_chains, settings=lookup_settings(method_cfg, prefix="lookup_", default_k=depth))
+    pays = resolved_policy(method_cfg, profile is not None) == "pays"
     return Eagle2Drafter(head, target.lm_head, target.device, depth=depth, top_k=top_k,
                          total_tokens=int(total), profile=profile, lookup=lookup,
                          adaptive_depth=bool(method_cfg.get("adaptive_depth", False)),
-                         least_budget=0 if method_cfg.get("policy") == "pays" else 1, **drafting)
+                         least_budget=0 if pays else 1, **drafting)

@@ -32,7 +32,16 @@ from dataclasses import dataclass
 from eagle2.core.tree import DraftTree
 from eagle2.drafters.budget import CostProfile
 
-POLICIES = ("pays", "always")  # method.policy: draft only when predicted to pay, or every round (the old way)
+POLICIES = ("auto", "pays", "always")  # method.policy: pays where a profile exists / only when predicted to pay /
+# every round (the old way)
+
+
+def resolved_policy(method_cfg, has_profile: bool) -> str:
+    """``pays`` or ``always`` for ``method.policy``: ``auto`` (the default) is ``pays`` where the method already
+    prices its rounds with a measured cost profile (an auto budget), so the policy costs no measurement of its own,
+    and ``always`` elsewhere; ``pays`` then measures a profile for any method (``eagle2.bench.policy_profile``)."""
+    policy = str(method_cfg.get("policy") or "always")
+    return ("pays" if has_profile else "always") if policy == "auto" else policy
 SMOOTHING = 0.3  # weight of the newest drafted round in a row's running estimate
 FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe: doubling from FIRST_GAP while drafting does not pay
 
