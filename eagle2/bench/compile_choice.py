@@ -87,5 +87,6 @@ def compiled_heads(weights: dict, rows: int = 1) -> list:
     from eagle2.heads.static_head import attach_head
 
     eagle, stacks = (EagleHead, Eagle3Head), (HeadStack,) if rows == 1 else ()
-    return [attach_head(w, rows=rows) if isinstance(w, eagle) else attach_stack(w)
-            for w in weights.values() if isinstance(w, eagle + stacks)]
+    # (exact types: a head that drafts otherwise, P-EAGLE's one-forward head, stays eager until it has its own path)
+    return [attach_head(w, rows=rows) if type(w) in eagle else attach_stack(w)
+            for w in weights.values() if type(w) in eagle or isinstance(w, stacks)]

@@ -19,6 +19,7 @@ import random
 import time
 from collections import deque
 
+from eagle2.core.clock import device_clock
 from eagle2.results.serving_stats import Timing
 
 
@@ -35,11 +36,14 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 
 class WallClock:
-    def __init__(self):
-        self.zero = time.perf_counter()
+    """Seconds since the server started, read after the device's queued work (``device_clock``)."""
+
+    def __init__(self, device="cpu"):
+        self.device = device
+        self.zero = device_clock(device)
 
     def now(self) -> float:
-        return time.perf_counter() - self.zero
+        return device_clock(self.device) - self.zero
 
     def wait_until(self, t: float) -> None:
         time.sleep(max(0.0, t - self.now()))

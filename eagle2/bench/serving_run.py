@@ -42,7 +42,7 @@ def _served(cfg, target, params, eos, context, requests, arrivals, on_finish) ->
     engine = _engine(cfg, target, params, eos, context)
     rows = EngineRows(engine)
     try:
-        serve(rows, requests, arrivals, engine.rows, WallClock(), on_finish)
+        serve(rows, requests, arrivals, engine.rows, WallClock(target.device), on_finish)
     finally:
         rows.close()
 
