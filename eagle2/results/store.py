@@ -98,6 +98,8 @@ def _method_settings(method: dict) -> dict:
         if not method.get(switch):
             for key in (switch, *its_keys):
                 method.pop(key, None)
+    if method.get("policy") == "auto":  # eagle2.drafters.policy.resolved_policy: pays only beside an auto budget
+        method["policy"] = "pays" if str(method.get("total_tokens")) == "auto" else "always"
     if method.get("policy") in (None, "always"):  # every round drafts: the behaviour older hashes stand for
         method.pop("policy", None)
     for added_later in METHOD_KEYS_WHEN_SET:  # null = the default behaviour: older hashes stay valid
