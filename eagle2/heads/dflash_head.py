@@ -226,9 +226,11 @@ def save_dflash_head(head: DFlashHead, folder: str | Path, dtype: torch.dtype | 
 
 
 def default_taps(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's fused layers (2, L//2, L-3); a target under 4 layers: (1, L//2, L-1) (every tap past the
-    embedding, so that each has a DFlash ``target_layer_id``)."""
-    return eagle3_layers(num_layers) if num_layers >= 4 else (1, num_layers // 2, num_layers - 1)
+    """EAGLE-3's fused layers (2, L//2, L-3); a target under 4 layers: (1, L//2, L-1) within its layers (a
+    1-layer target taps its embedding output: DFlash ``target_layer_id`` -1)."""
+    if num_layers >= 4:
+        return eagle3_layers(num_layers)
+    return tuple(min(max(t, 0), num_layers - 1) for t in (1, num_layers // 2, num_layers - 1))
 
 
 def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
