@@ -107,6 +107,29 @@ def shared_peagle_head(target):
     return _PEAGLE_HEADS[target]
 
 
+# --- DFlash (eagle2/heads/dflash_head.py) ---
+_DFLASH_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tiny_dflash_head(target, seed: int = 0, block_size: int = 5, layers: int = 2):
+    """A random DFlash draft model for ``target`` (``default_taps``, the target's last id as the mask token), on
+    its device and dtype."""
+    from eagle2.heads.dflash_head import DFlashHead, default_taps, dflash_config_from_target
+
+    torch.manual_seed(seed)
+    config = dflash_config_from_target(target.config, layers=layers, block_size=block_size)
+    head = DFlashHead(config, default_taps(target.config.num_hidden_layers)).attach_target(target)
+    return head.to(target.device, target.dtype).eval()
+
+
+def shared_dflash_head(target):
+    """One random DFlash draft model per target object."""
+    if target not in _DFLASH_HEADS:
+        _DFLASH_HEADS[target] = tiny_dflash_head(target, seed=7)
+    return _DFLASH_HEADS[target]
+# --- end DFlash ---
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from omegaconf import OmegaConf
@@ -210,6 +233,7 @@ def shared_drafter_weights(target, method=None) -> dict:
     from eagle2.registry import method_spec
 
     makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore,
-              "peagle_head": shared_peagle_head}
+              "peagle_head": shared_peagle_head,
+              "dflash_head": shared_dflash_head}
     needed = makers if method is None else method_spec(OmegaConf.create(method)).weights
     return {kind: makers[kind](target) for kind in needed if kind in makers}

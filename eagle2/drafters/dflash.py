@@ -1,0 +1,68 @@
+"""DFlash: a block of tokens drafted by ONE forward of a block-diffusion draft model (``eagle2.heads.dflash_head``).
+
+Each round the draft model writes the newly committed positions' fused target features into its layers' keys and
+values and, in the same forward, denoises the block behind them: the root (the last committed token, whose feature
+the target has not computed yet) then ``block_size`` - 1 mask tokens, attending to each other and to the whole
+context. Slot k's output is the distribution of the token k places past the root, so a round drafts K =
+``block_size`` - 1 depths whatever its tree (the paper's single denoising step). The block's cache entries are
+dropped at the next round; the context's stay.
+
+The tree is P-EAGLE's (``eagle2.drafters.peagle``, whose drafter this one is but for the forward): a choice tree
+over the K distributions, by default the chain of each slot's best token (``top_k=1``, the paper's draft) with
+``top_k`` - 1 runners-up per depth as siblings, the best ``total_tokens`` nodes by path value (or ``auto``: the cost
+profile's count). The choices are deterministic (top-k), so at temperature > 0 they are verified by the rule for
+deterministically chosen siblings. Every drafted node is recorded with its depth, rank and confidence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle2.core.cache import crop
+from eagle2.drafters import setting_checks as checks
+from eagle2.drafters.eagle_common import drafting_lm_head, drafting_settings
+from eagle2.drafters.peagle import CHECKS as PEAGLE_CHECKS
+from eagle2.drafters.peagle import PEagleDrafter, default_choices
+
+
+class DFlashDrafter(PEagleDrafter):
+    def __init__(self, head, device, *, lm_head_dtype: torch.dtype | None = None, **tree):
+        super().__init__(head, device, **tree)
+        if lm_head_dtype is not None:  # a cached copy of the target's LM head in that dtype (drafting only)
+            self.lm_head, self.lm_head_dtype = drafting_lm_head(self.lm_head, lm_head_dtype), lm_head_dtype
+
+    def parallel_log_probs(self) -> torch.Tensor:
+        """Feed the pending context features and denoise the block behind them in ONE forward; returns (K, V)
+        log-probabilities of depths 1..K over the vocabulary."""
+        head, n = self.head, len(self.pending_tokens)
+        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats])  # (n, k*H)
+        block = torch.full((self.depth + 1,), head.mask_token_id, dtype=torch.long, device=self.device)
+        block[0] = self.pending_tokens[-1]  # the root: the anchor of the block
+        crop(self.cache, self.committed)  # the last round's block
+        positions = torch.arange(self.committed, self.committed + n + self.depth + 1, device=self.device)
+        with self.spans.span():
+            out = head(block[None], feats[None], position_ids=positions[None], cache=self.cache)[0]  # (K + 1, h)
+        self.caught_up(n, out[0])  # the block's entries lie past the committed ones: dropped next round
+        return self.log_probs(out[1:])
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> DFlashDrafter:
+    head = weights["dflash_head"]
+    block = int(method_cfg.get("block_size") or head.block_size)
+    if block > head.block_size:
+        raise ValueError(f"method.block_size={block} is longer than the DFlash draft model's block "
+                         f"({head.block_size}, the length it was trained to denoise)")
+    choices = method_cfg.get("choice_tree") or default_choices(block - 1, int(method_cfg.top_k))
+    total, profile = method_cfg.total_tokens, None
+    if str(total) == "auto":
+        total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
+        if profile is None:
+            raise ValueError("method.total_tokens=auto needs the cost profile the harness measures")
+    return DFlashDrafter(head, target.device, depth=block - 1, choices=[list(c) for c in choices],
+                         total_tokens=int(total), profile=profile,
+                         lm_head_dtype=drafting_settings(method_cfg, head)["lm_head_dtype"])
+
+
+CHECKS = {**{k: v for k, v in PEAGLE_CHECKS.items() if k != "depth"},
+          "block_size": checks.Check("null (the draft model's own) or an integer >= 2",
+                                     lambda value, _cfg: value is None or checks.is_int(value) and int(value) >= 2)}
