@@ -40,7 +40,8 @@ pytestmark = pytest.mark.usefixtures("synthetic_cost_profile")  # auto budgets i
 
 VOCAB, PROMPT, PARAMS = cert.VOCAB, cert.PROMPT, cert.PARAMS
 METHODS = {**cert.METHODS,  # and P-EAGLE: two depths from one forward, a top-2 tree (a random head per target)
-           "peagle": {"name": "peagle", "depth": 2, "top_k": 2, "total_tokens": 4}}
+           "peagle": {"name": "peagle", "depth": 2, "top_k": 2, "total_tokens": 4},
+           "pard": {"name": "pard", "depth": 2, "top_k": 2, "total_tokens": 4}}  # PARD: two depths from one forward
 # the fixed first tokens: each context PROMPT + [first] is checked; 2 and 3 are the target's likely
 # first tokens, after 6 SpS drafts and after 7 EAGLE trees are most often fully accepted
 CONTEXTS = (2, 3, 6, 7)

@@ -25,6 +25,7 @@ SPEC_METHODS = {
                     "profile_dir": PROFILE_DIR},
     "eagle3": {"name": "eagle3", "depth": 4, "top_k": 4, "total_tokens": 10},  # a random EAGLE-3 head per target
     "peagle": {"name": "peagle", "depth": 4, "top_k": 3, "total_tokens": 8},  # a random P-EAGLE head per target
+    "pard": {"name": "pard", "depth": 4, "top_k": 3, "total_tokens": 8},  # a PARD draft per target (conftest)
 }
 PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 
