@@ -92,6 +92,9 @@ def save_pard_draft(draft: PardDraft, folder: str | Path, dtype: torch.dtype | N
     """The SpS draft's folder (``save_draft_model``) plus the mask file and the ``eagle2_pard`` entry."""
     from safetensors.torch import save_file
 
+    if not draft.shared_keys:  # the SpS format leaves the embedding and LM head out: they must be the target's
+        raise ValueError("a PARD draft with its own embedding is stored as its authors publish it (pard_token), "
+                         "not in this format")
     folder = save_draft_model(draft.lm, folder, dtype)
     save_file({MASK_KEY: draft.mask_embedding.detach().to(dtype or draft.mask_embedding.dtype).contiguous()},
               str(folder / MASK_FILE))
