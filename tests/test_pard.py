@@ -19,7 +19,7 @@ from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.draft_model import build_draft_model, save_draft_model
 from eagle2.heads.pard_draft import FAMILY, MASK_FILE, load_pard_draft, write_random
-from eagle2.training.objectives.pard_draft import new_pard_draft, pard_loss, parallel_forward
+from eagle2.training.objectives.pard_draft import new_pard_draft, parallel_forward, pard_loss
 from eagle2.training.support.losses import LossProjection
 from tests.conftest import tiny_llama, tiny_pard_draft
 
