@@ -112,12 +112,13 @@ _PARD_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def tiny_pard_draft(target, seed: int = 0, para_depths: int = 4):
-    """A PARD draft for ``target``: an SpS draft of as many layers as the target, started from them (depth 1 is the
-    target's own next-token distribution: often accepted), sharing its embedding, a random mask embedding."""
+    """A PARD draft for ``target``: an SpS draft of up to 2 layers started from the target's first and last (for a
+    2-layer target depth 1 is the target's own next-token distribution: often accepted), sharing its embedding, a
+    random mask embedding."""
     from eagle2.heads.draft_model import build_draft_model
     from eagle2.heads.pard_draft import PardDraft
 
-    draft = PardDraft(build_draft_model(target, target.config.num_hidden_layers), para_depths)
+    draft = PardDraft(build_draft_model(target, min(2, target.config.num_hidden_layers)), para_depths)
     torch.manual_seed(seed)
     torch.nn.init.normal_(draft.mask_embedding)
     return draft.to(target.device, target.dtype).eval()

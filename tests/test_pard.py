@@ -42,7 +42,7 @@ def test_one_draft_forward_per_round(models, monkeypatch):
     out = engine.generate(target, drafter, [3, 5, 7], SamplingParams(), 20, set())
     assert len(out.rounds) >= 5 and len(calls) == len(out.rounds)  # K = 4 depths, one forward each round
     assert {d for d in out.nodes["depth"]} == {1, 2, 3, 4} and all(0 < c <= 1 for c in out.nodes["confidence"])
-    assert drafter.cache.get_seq_length() == len(drafter.in_cache)  # no mask slot left in the cache
+    assert drafter.cache.get_seq_length() == drafter.cached  # no mask slot left in the cache
 
 
 @torch.no_grad()

@@ -1,10 +1,10 @@
 """PARD: K depths drafted by ONE forward of a small draft LM per round (``eagle2.heads.pard_draft``).
 
 The parallel counterpart of SpS (``eagle2.drafters.sps``): the draft keeps its own KV cache of the committed
-tokens it has read; each round it rolls back to the longest prefix that agrees with the committed sequence, feeds
-the rest and, in the same forward, K - 1 mask slots behind the last token (K = ``depth``): the output at the last
-token gives depth 1's distribution, slot d depth d + 1's. The slots' entries are dropped from the cache right
-after. The round's tree is P-EAGLE's (``eagle2.drafters.peagle``, whose round this drafter reuses): a choice tree
+tokens it has read; each round it feeds the newly committed ones and, in the same forward, K - 1 mask slots behind
+the last of them (K = ``depth``): the output at the last token gives depth 1's distribution, slot d depth d + 1's.
+The slots' entries are dropped from the cache right after (rejected drafts never enter it: SpS's rollback is that
+crop). The round's tree is P-EAGLE's (``eagle2.drafters.peagle``, whose round this drafter reuses): a choice tree
 over the K distributions (the best chain with each depth's ``top_k`` - 1 runners-up, or ``choice_tree``), the best
 ``total_tokens`` nodes by path value (``auto``: the cost profile's count), deterministic top-k choices verified at
 temperature > 0 by the rule for deterministically chosen siblings, every drafted node recorded with its depth,
@@ -18,7 +18,6 @@ import torch
 from eagle2.core.cache import cache_kwargs, crop, new_cache
 from eagle2.drafters.peagle import CHECKS as PEAGLE_CHECKS
 from eagle2.drafters.peagle import PEagleDrafter, default_choices
-from eagle2.drafters.sps import _common_prefix
 from eagle2.heads.eagle_head import causal_mask
 
 
@@ -29,7 +28,7 @@ class PardDrafter(PEagleDrafter):
         self.sequence = list(prompt_ids) + [first_token]
         self.cache = new_cache(self.head.lm)
         self.spans.clear()
-        self.in_cache: list[int] = []  # the committed tokens whose keys/values are in self.cache
+        self.cached = 0  # the committed tokens whose keys/values are in self.cache (never a mask slot's)
 
     def observe(self, new_tokens, hidden) -> None:
         self.sequence.extend(new_tokens)
@@ -37,11 +36,10 @@ class PardDrafter(PEagleDrafter):
     def parallel_log_probs(self) -> torch.Tensor:
         """Feed the committed tokens the cache lacks and K - 1 mask slots behind them, in ONE draft forward;
         returns (K, V) log-probabilities of depths 1..K. The slots' entries are dropped before returning."""
-        keep = _common_prefix(self.in_cache, self.sequence)
-        keep -= keep == len(self.sequence)  # always re-feed at least the last token: its output is depth 1
-        crop(self.cache, keep)
-        del self.in_cache[keep:]
-        fresh, slots = self.sequence[keep:], self.depth - 1
+        if self.cached == len(self.sequence):  # nothing new (a round commits at least one token): re-feed the last
+            self.cached -= 1
+            crop(self.cache, self.cached)
+        keep, fresh, slots = self.cached, self.sequence[self.cached:], self.depth - 1
         n, base = len(fresh), self.head.lm.base_model
         embeds = self.head.inputs_embeds(torch.tensor(fresh, device=self.device), slots)  # (n + slots, H)
         positions = torch.arange(keep, keep + n + slots, device=self.device)
@@ -51,10 +49,10 @@ class PardDrafter(PEagleDrafter):
                               attention_mask=causal_mask(n + slots, keep, embeds.dtype, self.device),
                               **cache_kwargs(base, self.cache)).last_hidden_state[0]  # (n + slots, H)
             except BaseException:
-                crop(self.cache, keep)  # as it was: the dropped tokens are no longer listed in self.in_cache
+                crop(self.cache, keep)  # as it was
                 raise
         crop(self.cache, keep + n)  # the slots' entries
-        self.in_cache.extend(fresh)
+        self.cached = keep + n
         return self.log_probs(hidden[n - 1:])
 
 
