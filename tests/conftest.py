@@ -130,6 +130,31 @@ def shared_dflash_head(target):
 # --- end DFlash ---
 
 
+# ---- PARD (eagle2/heads/pard_draft.py) ----
+_PARD_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tiny_pard_draft(target, seed: int = 0, para_depths: int = 4):
+    """A PARD draft for ``target``: an SpS draft of up to 2 layers started from the target's first and last (for a
+    2-layer target depth 1 is the target's own next-token distribution: often accepted), sharing its embedding, a
+    random mask embedding."""
+    from eagle2.heads.draft_model import build_draft_model
+    from eagle2.heads.pard_draft import PardDraft
+
+    draft = PardDraft(build_draft_model(target, min(2, target.config.num_hidden_layers)), para_depths)
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(draft.mask_embedding)
+    return draft.to(target.device, target.dtype).eval()
+
+
+def shared_pard_draft(target):
+    """One PARD draft per target object."""
+    if target not in _PARD_DRAFTS:
+        _PARD_DRAFTS[target] = tiny_pard_draft(target, seed=7)
+    return _PARD_DRAFTS[target]
+# ---- end PARD ----
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from omegaconf import OmegaConf
@@ -235,5 +260,6 @@ def shared_drafter_weights(target, method=None) -> dict:
     makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore,
               "peagle_head": shared_peagle_head,
               "dflash_head": shared_dflash_head}
+    makers["pard_draft"] = shared_pard_draft  # PARD
     needed = makers if method is None else method_spec(OmegaConf.create(method)).weights
     return {kind: makers[kind](target) for kind in needed if kind in makers}

@@ -80,7 +80,7 @@ def test_a_bad_input_is_one_line_before_the_target_loads_and_writes_no_row(overr
     ("config", ["method.bogus=2"], "unknown key method.bogus: the config as composed has no such key; "),
     ("config", ["method.bogus=2"], "to add it anyway write +method.bogus=2"),
     ("config", ["metod.k=2"], "did you mean method.k"),
-    ("config", ["method=nosuch"], "Could not find 'method/nosuch'; the options are eagle, eagle2,"),
+    ("config", ["method=nosuch"], "Could not find 'method/nosuch'; the options are "),
     ("train_head", ["head.resume_dirr=x"], "unknown key head.resume_dirr"),
     ("config", ["method.k=[1,"], "cannot parse an override: "),
 ])

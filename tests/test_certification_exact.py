@@ -42,7 +42,8 @@ VOCAB, PROMPT, PARAMS = cert.VOCAB, cert.PROMPT, cert.PARAMS
 METHODS = {**cert.METHODS,  # and P-EAGLE: two depths from one forward, a top-2 tree (a random head per target)
            "peagle": {"name": "peagle", "depth": 2, "top_k": 2, "total_tokens": 4},
            # and DFlash: a block of 3 (two depths) from one forward, a top-2 tree (a random draft model per target)
-           "dflash": {"name": "dflash", "block_size": 3, "top_k": 2, "total_tokens": 4}}
+           "dflash": {"name": "dflash", "block_size": 3, "top_k": 2, "total_tokens": 4},
+           "pard": {"name": "pard", "depth": 2, "top_k": 2, "total_tokens": 4}}  # PARD: two depths from one forward
 # the fixed first tokens: each context PROMPT + [first] is checked; 2 and 3 are the target's likely
 # first tokens, after 6 SpS drafts and after 7 EAGLE trees are most often fully accepted
 CONTEXTS = (2, 3, 6, 7)

@@ -26,6 +26,7 @@ SPEC_METHODS = {
     "eagle3": {"name": "eagle3", "depth": 4, "top_k": 4, "total_tokens": 10},  # a random EAGLE-3 head per target
     "peagle": {"name": "peagle", "depth": 4, "top_k": 3, "total_tokens": 8},  # a random P-EAGLE head per target
     "dflash": {"name": "dflash", "top_k": 2, "total_tokens": 7},  # a random DFlash draft model per target (block 5)
+    "pard": {"name": "pard", "depth": 4, "top_k": 3, "total_tokens": 8},  # a PARD draft per target (conftest)
 }
 PROMPTS = [[2, 5, 3], [7, 7, 1 + 2, 9, 4, 11], [3]]
 

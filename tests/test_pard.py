@@ -1,0 +1,147 @@
+"""PARD (``eagle2.heads.pard_draft``, ``eagle2.drafters.pard``, ``eagle2.training.objectives.pard_draft``): one
+draft forward per round drafts every depth, the draft's cache holding only the committed tokens between rounds;
+drafting reads exactly what training's layout fits (the same outputs, slot for slot, after rounds that rolled the
+cache back); the format round-trips and loads strictly (the authors' ``pard_token`` too); the objective starts from
+the SpS draft and trains every depth; sampled batched rows decode what batch 1 decodes. Losslessness:
+``tests/test_greedy.py`` (``SPEC_METHODS``, batch 1; ``test_batch.py``, batched), ``tests/test_certification_exact.py``
+and ``tests/test_zoo.py`` (``FAMILY.fixture``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import eagle2.core.engine as engine
+from eagle2.bench.methods import build_drafter
+from eagle2.core.sampling import SamplingParams
+from eagle2.heads.draft_model import build_draft_model, save_draft_model
+from eagle2.heads.pard_draft import FAMILY, MASK_FILE, load_pard_draft, write_random
+from eagle2.training.objectives.pard_draft import new_pard_draft, parallel_forward, pard_loss
+from eagle2.training.support.losses import LossProjection
+from tests.conftest import tiny_llama, tiny_pard_draft
+
+METHOD = {"name": "pard", "depth": 4, "top_k": 2, "total_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(vocab=32, layers=2, seed=0, scale=4.0)
+    return target, tiny_pard_draft(target, seed=1)
+
+
+def test_one_draft_forward_per_round(models, monkeypatch):
+    target, draft = models
+    base, calls = draft.lm.base_model, []
+    original = type(base).forward
+    monkeypatch.setattr(type(base), "forward",
+                        lambda self, *a, **k: (calls.append(1) if self is base else None) or original(self, *a, **k))
+    drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, pard_draft=draft)
+    out = engine.generate(target, drafter, [3, 5, 7], SamplingParams(), 20, set())
+    assert len(out.rounds) >= 5 and len(calls) == len(out.rounds)  # K = 4 depths, one forward each round
+    assert {d for d in out.nodes["depth"]} == {1, 2, 3, 4} and all(0 < c <= 1 for c in out.nodes["confidence"])
+    assert drafter.cache.get_seq_length() == drafter.cached  # no mask slot left in the cache
+
+
+@torch.no_grad()
+def fitted(draft, context: list[int], depth: int) -> torch.Tensor:
+    """(depth, V) log-probabilities the training layout gives from the last token of ``context``."""
+    anchor = torch.tensor([len(context) - 1])
+    out, _, slot_depth = parallel_forward(draft, torch.tensor(context + [0]), [anchor] * (depth - 1))
+    rows = torch.cat([anchor, (slot_depth > 1).nonzero()[:, 0]])
+    return torch.log_softmax(draft.drafting_lm_head()(out[rows]).float(), -1)
+
+
+@torch.no_grad()
+def test_drafting_reads_what_training_fits(models):
+    """The drafter's K distributions equal the training layout's at that anchor, at the first round and after
+    rounds whose drafts were partly accepted (the cache rolled back, the slots dropped)."""
+    target, draft = models
+    drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, pard_draft=draft)
+    context = [3, 9, 4, 11, 2, 6]
+    drafter.start(context[:-1], context[-1], None)
+    for accepted in ([5, 8], [1], [30, 4, 4, 7]):
+        torch.testing.assert_close(drafter.parallel_log_probs(), fitted(draft, context, 4), atol=1e-5, rtol=1e-5)
+        drafter.observe(accepted, None)
+        context += accepted
+
+
+def test_format_round_trips_and_loads_strictly(models, tmp_path):
+    target, draft = models
+    again = load_pard_draft(FAMILY.save(draft, tmp_path / "d"), target)
+    assert again.para_depths == 4 and again.lm.get_input_embeddings() is target.get_input_embeddings()
+    torch.testing.assert_close(again.mask_embedding, draft.mask_embedding)
+    torch.testing.assert_close(fitted(again, [3, 9, 4], 4), fitted(draft, [3, 9, 4], 4))
+    from safetensors.torch import save_file
+
+    save_file({"mask_embedding": torch.zeros(3)}, str(tmp_path / "d" / MASK_FILE))  # a wrong shape
+    with pytest.raises(KeyError, match="mask_embedding"):
+        load_pard_draft(tmp_path / "d", target)
+    published = write_random(tmp_path / "r", target.config)  # a full checkpoint with its own embedding
+    assert FAMILY.load(published, target).mask_embedding.abs().sum() > 0
+    (published / MASK_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="pard_token"):
+        load_pard_draft(published, target)
+    config = json.loads((published / "config.json").read_text())
+    (published / "config.json").write_text(json.dumps({**config, "pard_token": 5}))  # the authors' format
+    own = load_pard_draft(published, target)
+    torch.testing.assert_close(own.mask_embedding, own.lm.get_input_embeddings().weight[5])
+
+
+def test_adapts_the_sps_draft(models, tmp_path):
+    """Started from an SpS draft folder: its weights, depth 1 its next-token distribution, the target's embedding and
+    LM head shared and frozen, the mask the mean embedding row; only the draft's own weights train."""
+    target, _ = models
+    sps = build_draft_model(target, 1)
+    torch.nn.init.normal_(sps.model.layers[0].mlp.up_proj.weight, std=0.1)
+    cfg = OmegaConf.create({"init_from": str(save_draft_model(sps, tmp_path / "sps")), "para_depths": 3})
+    draft = new_pard_draft(target, cfg)
+    with torch.no_grad():
+        ids = torch.tensor([[3, 9, 4, 11]])
+        torch.testing.assert_close(fitted(draft, ids[0].tolist(), 1)[0],
+                                   torch.log_softmax(sps(ids).logits[0, -1].float(), -1), atol=1e-5, rtol=1e-5)
+    embed = target.get_input_embeddings().weight
+    assert draft.lm.get_input_embeddings().weight is embed and not embed.requires_grad
+    torch.testing.assert_close(draft.mask_embedding.detach(), embed.mean(0))
+    trained = {n for n, p in draft.named_parameters() if p.requires_grad}
+    assert "mask_embedding" in trained and not any("embed_tokens" in n or "lm_head" in n for n in trained)
+
+
+@pytest.mark.parametrize("distill", [True, False])
+def test_loss_trains_every_depth(models, distill):
+    target, _ = models
+    draft = tiny_pard_draft(target, seed=2)
+    for name, param in draft.named_parameters():
+        param.requires_grad_(name not in draft.shared_keys)
+    tokens = torch.randint(32, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = target.model(tokens).last_hidden_state
+    valid = torch.ones_like(tokens).bool()
+    valid[1, 12:] = False  # a right-padded row
+    batch = {"tokens": tokens, "features": hidden, "valid": valid, "start": torch.tensor([4, 6])}
+    proj = LossProjection(target.get_output_embeddings())
+    opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    first = None
+    for step in range(30):
+        loss, stats = pard_loss(draft.train(), batch, proj=proj, distill=distill,
+                                generator=torch.Generator().manual_seed(step))
+        first = first or stats
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert {"top1", "top1_s2", "top1_s3", "top1_s4"} <= set(stats)
+    assert stats["loss"] < first["loss"] - 0.1 and draft.mask_embedding.grad.abs().sum() > 0
+
+
+def test_sampled_batched_rows_equal_batch_one(models):
+    """At T > 0 each batched row (its own seeded generator) decodes exactly what batch 1 decodes."""
+    from tests.test_batch import batch_decode, single_decode
+
+    target, draft = models
+    weights, params, seeds = {"pard_draft": draft}, SamplingParams(temperature=1.0), [11, 12, 13, 14, 15, 16]
+    ref = single_decode(target, METHOD, weights, params, seeds)
+    for batch_size in (2, 4):
+        out = batch_decode(target, METHOD, weights, batch_size, params=params, seeds=seeds)
+        assert [r.output.output_ids for r in out] == ref, batch_size
