@@ -22,7 +22,7 @@ from eagle2.core.cache import crop
 from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.eagle_common import drafting_lm_head, drafting_settings
 from eagle2.drafters.peagle import CHECKS as PEAGLE_CHECKS
-from eagle2.drafters.peagle import PEagleDrafter, default_choices
+from eagle2.drafters.peagle import PEagleDrafter, tree_settings
 
 
 class DFlashDrafter(PEagleDrafter):
@@ -52,14 +52,7 @@ def build(method_cfg, target, params, generator, weights: dict) -> DFlashDrafter
     if block > head.block_size:
         raise ValueError(f"method.block_size={block} is longer than the DFlash draft model's block "
                          f"({head.block_size}, the length it was trained to denoise)")
-    choices = method_cfg.get("choice_tree") or default_choices(block - 1, int(method_cfg.top_k))
-    total, profile = method_cfg.total_tokens, None
-    if str(total) == "auto":
-        total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
-        if profile is None:
-            raise ValueError("method.total_tokens=auto needs the cost profile the harness measures")
-    return DFlashDrafter(head, target.device, depth=block - 1, choices=[list(c) for c in choices],
-                         total_tokens=int(total), profile=profile,
+    return DFlashDrafter(head, target.device, **tree_settings(method_cfg, weights, block - 1),
                          lm_head_dtype=drafting_settings(method_cfg, head)["lm_head_dtype"])
 
 

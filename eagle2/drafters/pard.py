@@ -17,7 +17,7 @@ import torch
 
 from eagle2.core.cache import cache_kwargs, crop, new_cache
 from eagle2.drafters.peagle import CHECKS as PEAGLE_CHECKS
-from eagle2.drafters.peagle import PEagleDrafter, default_choices
+from eagle2.drafters.peagle import PEagleDrafter, tree_settings
 from eagle2.heads.eagle_head import causal_mask
 
 
@@ -57,15 +57,8 @@ class PardDrafter(PEagleDrafter):
 
 
 def build(method_cfg, target, params, generator, weights: dict) -> PardDrafter:
-    draft, depth = weights["pard_draft"], int(method_cfg.depth)
-    choices = method_cfg.get("choice_tree") or default_choices(depth, int(method_cfg.top_k))
-    total, profile = method_cfg.total_tokens, None
-    if str(total) == "auto":
-        total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
-        if profile is None:
-            raise ValueError("method.total_tokens=auto needs the cost profile the harness measures")
-    return PardDrafter(draft, target.device, depth=depth, choices=[list(c) for c in choices],
-                       total_tokens=int(total), profile=profile)
+    settings = tree_settings(method_cfg, weights, int(method_cfg.depth))
+    return PardDrafter(weights["pard_draft"], target.device, **settings)
 
 
 CHECKS = dict(PEAGLE_CHECKS)  # the same settings: depth, top_k, total_tokens, choice_tree, the profile's

@@ -73,16 +73,22 @@ class PEagleDrafter(HeadRunner):
                                  order[:budget].sort().values, budget=budget, **meta)
 
 
-def build(method_cfg, target, params, generator, weights: dict) -> PEagleDrafter:
-    head, depth = weights["peagle_head"], int(method_cfg.depth)
+def tree_settings(method_cfg, weights: dict, depth: int) -> dict:
+    """The choice tree and budget of a one-forward drafter drafting ``depth`` deep (P-EAGLE, DFlash, PARD):
+    ``choice_tree`` or the best chain with ``top_k`` per depth, and ``total_tokens`` (``auto``: the harness's
+    cost profile prices each round, up to ``max_total_tokens``)."""
     choices = method_cfg.get("choice_tree") or default_choices(depth, int(method_cfg.top_k))
     total, profile = method_cfg.total_tokens, None
     if str(total) == "auto":
         total, profile = int(method_cfg.get("max_total_tokens") or 64), weights.get("cost_profile")
         if profile is None:
             raise ValueError("method.total_tokens=auto needs the cost profile the harness measures")
-    return PEagleDrafter(head, target.device, depth=depth, choices=[list(c) for c in choices],
-                         total_tokens=int(total), profile=profile)
+    return {"depth": depth, "choices": [list(c) for c in choices], "total_tokens": int(total), "profile": profile}
+
+
+def build(method_cfg, target, params, generator, weights: dict) -> PEagleDrafter:
+    return PEagleDrafter(weights["peagle_head"], target.device,
+                         **tree_settings(method_cfg, weights, int(method_cfg.depth)))
 
 
 def _choice_tree(value, _cfg) -> bool:

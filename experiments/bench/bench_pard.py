@@ -13,23 +13,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from omegaconf import OmegaConf
 
 from eagle2.bench.methods import build_drafter
+from eagle2.core.clock import device_clock
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.draft_model import build_draft_model
 from eagle2.heads.pard_draft import PardDraft
 from experiments.bench.side_by_side import first_turns, in_turn, smollm2
 
 
-def timed_round(drafter, committed: int) -> float:
-    """Seconds of one ``propose``; then ``committed`` is the round's one new token."""
-    start = time.perf_counter()
+def timed_round(drafter, committed: int, device) -> float:
+    """Seconds of one ``propose`` on ``device``; then ``committed`` is the round's one new token."""
+    start = device_clock(device)
     drafter.propose(drafter.sequence[-1], room=1 << 30)
-    seconds = time.perf_counter() - start
+    seconds = device_clock(device) - start
     drafter.observe([committed], None)
     return seconds
 
@@ -53,11 +53,11 @@ def main() -> None:
     with torch.no_grad():
         for drafter in drafters.values():
             drafter.start(prompt[:-1], prompt[-1], None)
-            timed_round(drafter, prompt[-1])  # the prompt's prefill and a warm-up round
+            timed_round(drafter, prompt[-1], target.device)  # the prompt's prefill and a warm-up round
         seconds = {name: [] for name in drafters}
         for rnd in range(args.rounds):
             for name in in_turn(list(drafters), rnd):
-                seconds[name].append(timed_round(drafters[name], prompt[rnd % len(prompt)]))
+                seconds[name].append(timed_round(drafters[name], prompt[rnd % len(prompt)], target.device))
     median = {name: statistics.median(s) for name, s in seconds.items()}
     print(f"SmolLM2 {args.dtype}, {torch.get_num_threads()} threads, context {len(prompt)}+, depth {args.depth}, "
           f"{args.rounds} alternating rounds: SpS {median['sps'] * 1e3:.2f} ms/round, PARD "
