@@ -183,7 +183,7 @@ def test_policy_always_keeps_the_old_hash_and_pays_does_not():
     from eagle2.results.store import config_hash
 
     with initialize_config_dir(str(PROJECT_ROOT / "conf"), version_base=None):
-        pays = compose("config", ["method=eagle2"])
+        pays = compose("config", ["method=eagle2", "method.policy=pays"])
         always = compose("config", ["method=eagle2", "method.policy=always"])
     old = OmegaConf.create(OmegaConf.to_container(always))
     del old.method["policy"]
