@@ -52,18 +52,34 @@ def tiny_head(target, seed: int = 0):
     return EagleHead(head_config_from_target(target.config)).attach_embedding(target.get_input_embeddings()).eval()
 
 
-_EAGLE3_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def per_target(make):
+    """``make(target)`` made once per target object and reused (tests that build thousands of drafters share it);
+    the made ones are the function's ``made`` (a test may put its own there)."""
+    made: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def shared(target):
+        if target not in made:
+            made[target] = make(target)
+        return made[target]
+    shared.made = made
+    return shared
+
+
+def tiny_fused_layers(target) -> tuple[int, ...]:
+    """The layers a tiny EAGLE-3-style head fuses: EAGLE-3's (2, L//2, L-3) from 4 layers, else (0, L//2, L-1)."""
+    from eagle2.core.features import eagle3_layers
+
+    layers = target.config.num_hidden_layers
+    return eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
 
 
 def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None, eagle31: bool = False):
     """A random EAGLE-3 head for ``target`` on its device and dtype. A target shallower than 4 layers
     fuses layers (0, L//2, L-1); a reduced draft vocabulary takes a random subset of the tokens; ``eagle31``:
     an EAGLE-3.1 head, its norms' weights random (so that they matter)."""
-    from eagle2.core.features import eagle3_layers
     from eagle2.heads.eagle3_head import Eagle3Head, eagle3_config_from_target
 
-    layers = target.config.num_hidden_layers
-    fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
+    fused = tiny_fused_layers(target)
     vocab = target.config.vocab_size
     torch.manual_seed(seed)
     head = Eagle3Head(eagle3_config_from_target(target.config, draft_vocab_size or vocab, eagle31=eagle31), fused)
@@ -75,24 +91,15 @@ def tiny_eagle3_head(target, seed: int = 0, draft_vocab_size: int | None = None,
     return head.to(target.device, target.dtype).eval()
 
 
-def shared_eagle3_head(target):
-    """One random EAGLE-3 head per target object (tests that build thousands of drafters reuse it)."""
-    if target not in _EAGLE3_HEADS:
-        _EAGLE3_HEADS[target] = tiny_eagle3_head(target, seed=5)
-    return _EAGLE3_HEADS[target]
-
-
-_PEAGLE_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+shared_eagle3_head = per_target(lambda target: tiny_eagle3_head(target, seed=5))
 
 
 def tiny_peagle_head(target, seed: int = 0, para_depths: int = 4):
     """A random P-EAGLE head for ``target`` (fused layers as ``tiny_eagle3_head``'s, the full vocabulary as its
     draft vocabulary, a random ``mask_hidden``), on its device and dtype."""
-    from eagle2.core.features import eagle3_layers
     from eagle2.heads.peagle_head import PEagleHead, peagle_config_from_target
 
-    layers = target.config.num_hidden_layers
-    fused = eagle3_layers(layers) if layers >= 4 else (0, layers // 2, layers - 1)
+    fused = tiny_fused_layers(target)
     torch.manual_seed(seed)
     head = PEagleHead(peagle_config_from_target(target.config, target.config.vocab_size, para_depths), fused)
     torch.nn.init.normal_(head.mask_hidden)
@@ -100,15 +107,7 @@ def tiny_peagle_head(target, seed: int = 0, para_depths: int = 4):
     return head.to(target.device, target.dtype).eval()
 
 
-def shared_peagle_head(target):
-    """One random P-EAGLE head per target object."""
-    if target not in _PEAGLE_HEADS:
-        _PEAGLE_HEADS[target] = tiny_peagle_head(target, seed=6)
-    return _PEAGLE_HEADS[target]
-
-
-# --- DFlash (eagle2/heads/dflash_head.py) ---
-_DFLASH_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+shared_peagle_head = per_target(lambda target: tiny_peagle_head(target, seed=6))
 
 
 def tiny_dflash_head(target, seed: int = 0, block_size: int = 5, layers: int = 2):
@@ -122,16 +121,7 @@ def tiny_dflash_head(target, seed: int = 0, block_size: int = 5, layers: int = 2
     return head.to(target.device, target.dtype).eval()
 
 
-def shared_dflash_head(target):
-    """One random DFlash draft model per target object."""
-    if target not in _DFLASH_HEADS:
-        _DFLASH_HEADS[target] = tiny_dflash_head(target, seed=7)
-    return _DFLASH_HEADS[target]
-# --- end DFlash ---
-
-
-# ---- PARD (eagle2/heads/pard_draft.py) ----
-_PARD_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+shared_dflash_head = per_target(lambda target: tiny_dflash_head(target, seed=7))
 
 
 def tiny_pard_draft(target, seed: int = 0, para_depths: int = 4):
@@ -147,12 +137,7 @@ def tiny_pard_draft(target, seed: int = 0, para_depths: int = 4):
     return draft.to(target.device, target.dtype).eval()
 
 
-def shared_pard_draft(target):
-    """One PARD draft per target object."""
-    if target not in _PARD_DRAFTS:
-        _PARD_DRAFTS[target] = tiny_pard_draft(target, seed=7)
-    return _PARD_DRAFTS[target]
-# ---- end PARD ----
+shared_pard_draft = per_target(lambda target: tiny_pard_draft(target, seed=7))
 
 
 @pytest.fixture(scope="session")
@@ -229,37 +214,31 @@ def nan_empty(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)
 
 
-_DATASTORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
+@per_target
 def shared_rest_datastore(target):
     """One REST datastore per target object: the target's own greedy continuation (24 tokens) of each of
     the first 16 one-token prompts, so that retrieved drafts are often right, and as many random
     sequences, so that they are often wrong too."""
     from eagle2.heads.rest_datastore import Datastore
 
-    if target not in _DATASTORES:
-        vocab, gen, entries = target.config.vocab_size, torch.Generator().manual_seed(7), []
-        with torch.no_grad():
-            for first in range(min(vocab, 16)):
-                ids = torch.tensor([[first]], device=target.device)
-                for _ in range(24):
-                    ids = torch.cat([ids, target(ids).logits[:, -1:].argmax(-1)], dim=1)
-                entries += [ids[0].tolist(), torch.randint(vocab, (24,), generator=gen).tolist()]
-        _DATASTORES[target] = Datastore.from_entries(entries)
-    return _DATASTORES[target]
+    vocab, gen, entries = target.config.vocab_size, torch.Generator().manual_seed(7), []
+    with torch.no_grad():
+        for first in range(min(vocab, 16)):
+            ids = torch.tensor([[first]], device=target.device)
+            for _ in range(24):
+                ids = torch.cat([ids, target(ids).logits[:, -1:].argmax(-1)], dim=1)
+            entries += [ids[0].tolist(), torch.randint(vocab, (24,), generator=gen).tolist()]
+    return Datastore.from_entries(entries)
 
 
 def shared_drafter_weights(target, method=None) -> dict:
-    """The drafter data tests share per target that no fixture passes by name (an EAGLE-3 or P-EAGLE head, a
-    REST datastore): the kinds ``method`` (a method config) needs, or all of them."""
+    """The drafter data tests share per target that no fixture passes by name (an EAGLE-3, P-EAGLE or DFlash head,
+    a PARD draft, a REST datastore): the kinds ``method`` (a method config) needs, or all of them."""
     from omegaconf import OmegaConf
 
     from eagle2.registry import method_spec
 
     makers = {"eagle3_head": shared_eagle3_head, "rest_datastore": shared_rest_datastore,
-              "peagle_head": shared_peagle_head,
-              "dflash_head": shared_dflash_head}
-    makers["pard_draft"] = shared_pard_draft  # PARD
+              "peagle_head": shared_peagle_head, "dflash_head": shared_dflash_head, "pard_draft": shared_pard_draft}
     needed = makers if method is None else method_spec(OmegaConf.create(method)).weights
     return {kind: makers[kind](target) for kind in needed if kind in makers}

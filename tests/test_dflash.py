@@ -9,14 +9,13 @@ batch 1; ``test_batch.py``, batched), ``tests/test_certification_exact.py`` and 
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
-from eagle2.core.features import LayerTap
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.dflash_head import FAMILY, DFlashHead, load_dflash_head, write_random
 from eagle2.training.data import collate, split_shards, token_sequences
@@ -24,34 +23,21 @@ from eagle2.training.features import OnlineFeatures
 from eagle2.training.objectives import objectives
 from eagle2.training.objectives.dflash_head import block_forward, block_layout, dflash_loss
 from eagle2.training.objectives.joint import JointHeads, head_taps, joint_loss, joint_members
-from tests.conftest import tiny_dflash_head, tiny_llama
+from tests import one_forward
+from tests.conftest import tiny_dflash_head
 from tests.test_online_features import token_corpus  # noqa: F401  (the fixture)
 from tests.test_training import head_cfg, tiny_target
 
 METHOD = {"name": "dflash", "top_k": 2, "total_tokens": 6}
 
 
-@pytest.fixture(scope="module")
-def models():
-    target = tiny_llama(vocab=32, layers=2, seed=0, scale=4.0)
-    return target, tiny_dflash_head(target, seed=1, block_size=5)
-
-
-def taps_of(target, head, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad(), LayerTap(target, head.feature_layers) as tap:
-        target(torch.tensor([ids]))
-        return tap.read()[0]
+models = one_forward.models_fixture(lambda target: tiny_dflash_head(target, seed=1, block_size=5))
 
 
 def test_one_draft_forward_per_round(models, monkeypatch):
     target, head = models
-    calls = []
-    original = DFlashHead.forward
-    monkeypatch.setattr(DFlashHead, "forward", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
-    drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, dflash_head=head)
-    out = engine.generate(target, drafter, [3, 5, 7], SamplingParams(), 20, set())
-    assert len(out.rounds) >= 5 and len(calls) == len(out.rounds)  # a block of 5: 4 depths, one forward each round
-    assert {d for d in out.nodes["depth"]} == {1, 2, 3, 4} and all(0 < c <= 1 for c in out.nodes["confidence"])
+    drafter = one_forward.one_per_round(monkeypatch, head, target, METHOD, {"dflash_head": head})
+    assert drafter.depth == 4  # a block of 5: 4 depths
 
 
 @torch.no_grad()
@@ -61,7 +47,7 @@ def test_drafting_reads_what_training_fits(models):
     target, head = models
     prompt, first, more = [3, 9, 4, 11, 2], 6, [8, 5]
     seq = prompt + [first] + more
-    taps = taps_of(target, head, seq)  # (len, k*H)
+    taps = one_forward.taps_of(target, head.feature_layers, seq)  # (len, k*H)
     drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, dflash_head=head)
     drafter.start(prompt, first, taps[:len(prompt)])
     for anchor in (len(prompt), len(seq) - 1):
@@ -81,7 +67,7 @@ def test_a_block_sees_the_context_before_its_anchor_and_its_own_block(models):
     assert allowed[:3, :6].sum(1).tolist() == [2, 2, 2] and allowed[3:, :6].sum(1).tolist() == [4, 4, 4]
     assert allowed[:3, 6:9].all() and not allowed[:3, 9:].any() and not allowed[3:, 6:9].any()
     tokens = torch.tensor([3, 9, 4, 11, 2, 6])
-    taps = taps_of(target, head, tokens.tolist())
+    taps = one_forward.taps_of(target, head.feature_layers, tokens.tolist())
     out = block_forward(head, tokens, taps, torch.tensor([4]))
     later = taps.clone()
     later[4:] += 1.0  # the anchor's own feature and after: unseen
@@ -104,32 +90,14 @@ def test_format_is_z_labs_round_trips_and_loads_strictly(models, tmp_path):
     again = load_dflash_head(FAMILY.save(head, tmp_path / "again"), target)
     torch.testing.assert_close(again.fc.weight, head.fc.weight)
     assert again.feature_layers == head.feature_layers
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(str(folder / "model.safetensors"))
-    del state["layers.1.self_attn.k_norm.weight"]
-    save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(KeyError, match="layers.1.self_attn.k_norm.weight"):
-        load_dflash_head(folder, target)
+    one_forward.refused_without(folder, "layers.1.self_attn.k_norm.weight", load_dflash_head, target)
 
 
 def test_loss_trains_every_slot(models):
     target, _ = models
     head = tiny_dflash_head(target, seed=2, block_size=4).float().train().requires_grad_(True)
-    tokens = torch.randint(32, (2, 16), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad(), LayerTap(target, head.feature_layers) as tap:
-        target(tokens)
-        taps = tap.read()
-    batch = {"tokens": tokens, "layer_features": taps, "features": taps, "valid": torch.ones_like(tokens).bool(),
-             "start": torch.tensor([4, 6])}
-    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
-    first = None
-    for step in range(30):
-        loss, stats = dflash_loss(head, batch, num_anchors=8, generator=torch.Generator().manual_seed(step))
-        first = first or stats
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    batch = one_forward.tapped_batch(target, head.feature_layers)
+    first, stats = one_forward.train_steps(head, partial(dflash_loss, num_anchors=8), batch)
     assert {"top1", "top1_s2", "top1_s3"} <= set(stats) and stats["loss"] < first["loss"] - 0.1
     shared = {id(target.lm_head.weight), id(target.get_input_embeddings().weight)}
     assert not shared & {id(p) for p in head.parameters()}  # the target's embedding and LM head: read, never trained

@@ -28,7 +28,7 @@ def test_equal_plain_on_smollm2(smollm2, corpus_datastore, monkeypatch):
 
     model, tok = smollm2
     head = load_head(str(PROJECT_ROOT / "artifacts/smollm2/eagle_head"), model)  # the shipped head, for SAMD
-    monkeypatch.setitem(conftest._DATASTORES, model, corpus_datastore)
+    monkeypatch.setitem(conftest.shared_rest_datastore.made, model, corpus_datastore)
     accepted = 0
     for q in QUESTIONS[:2]:
         prompt = encode_conversation(tok, "tokenizer", [q], [])

@@ -9,40 +9,31 @@ and ``tests/test_zoo.py`` (``FAMILY.fixture``)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.draft_model import build_draft_model, save_draft_model
 from eagle2.heads.pard_draft import FAMILY, MASK_FILE, load_pard_draft, write_random
 from eagle2.training.objectives.pard_draft import new_pard_draft, parallel_forward, pard_loss
 from eagle2.training.support.losses import LossProjection
-from tests.conftest import tiny_llama, tiny_pard_draft
+from tests import one_forward
+from tests.conftest import tiny_pard_draft
 
 METHOD = {"name": "pard", "depth": 4, "top_k": 2, "total_tokens": 6}
 
 
-@pytest.fixture(scope="module")
-def models():
-    target = tiny_llama(vocab=32, layers=2, seed=0, scale=4.0)
-    return target, tiny_pard_draft(target, seed=1)
+models = one_forward.models_fixture(lambda target: tiny_pard_draft(target, seed=1))
 
 
 def test_one_draft_forward_per_round(models, monkeypatch):
     target, draft = models
-    base, calls = draft.lm.base_model, []
-    original = type(base).forward
-    monkeypatch.setattr(type(base), "forward",
-                        lambda self, *a, **k: (calls.append(1) if self is base else None) or original(self, *a, **k))
-    drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, pard_draft=draft)
-    out = engine.generate(target, drafter, [3, 5, 7], SamplingParams(), 20, set())
-    assert len(out.rounds) >= 5 and len(calls) == len(out.rounds)  # K = 4 depths, one forward each round
-    assert {d for d in out.nodes["depth"]} == {1, 2, 3, 4} and all(0 < c <= 1 for c in out.nodes["confidence"])
-    assert drafter.cache.get_seq_length() == drafter.cached  # no mask slot left in the cache
+    drafter = one_forward.one_per_round(monkeypatch, draft.lm.base_model, target, METHOD, {"pard_draft": draft})
+    assert drafter.depth == 4 and drafter.cache.get_seq_length() == drafter.cached  # no mask slot left in the cache
 
 
 @torch.no_grad()
@@ -122,15 +113,7 @@ def test_loss_trains_every_depth(models, distill):
     valid[1, 12:] = False  # a right-padded row
     batch = {"tokens": tokens, "features": hidden, "valid": valid, "start": torch.tensor([4, 6])}
     proj = LossProjection(target.get_output_embeddings())
-    opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
-    first = None
-    for step in range(30):
-        loss, stats = pard_loss(draft.train(), batch, proj=proj, distill=distill,
-                                generator=torch.Generator().manual_seed(step))
-        first = first or stats
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    first, stats = one_forward.train_steps(draft.train(), partial(pard_loss, proj=proj, distill=distill), batch)
     assert {"top1", "top1_s2", "top1_s3", "top1_s4"} <= set(stats)
     assert stats["loss"] < first["loss"] - 0.1 and draft.mask_embedding.grad.abs().sum() > 0
 

@@ -6,44 +6,28 @@ trains. Losslessness: ``tests/test_greedy.py`` (``SPEC_METHODS``, batch 1; ``tes
 
 from __future__ import annotations
 
-import pytest
+from functools import partial
+
 import torch
 from omegaconf import OmegaConf
 
-import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
-from eagle2.core.features import LayerTap
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.peagle_head import FAMILY, PEagleHead, load_peagle_head, write_random
 from eagle2.training.objectives.peagle_head import cod_anchors, parallel_forward, peagle_loss
 from eagle2.training.support.losses import LossProjection
-from tests.conftest import tiny_llama, tiny_peagle_head
+from tests import one_forward
+from tests.conftest import tiny_peagle_head
 
 METHOD = {"name": "peagle", "depth": 4, "top_k": 2, "total_tokens": 6}
 
 
-@pytest.fixture(scope="module")
-def models():
-    target = tiny_llama(vocab=32, layers=2, seed=0, scale=4.0)
-    return target, tiny_peagle_head(target, seed=1, para_depths=4)
-
-
-def taps_of(target, head, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad(), LayerTap(target, head.feature_layers) as tap:
-        target(torch.tensor([ids]))
-        return tap.read()[0]
+models = one_forward.models_fixture(lambda target: tiny_peagle_head(target, seed=1, para_depths=4))
 
 
 def test_one_head_forward_per_round(models, monkeypatch):
     target, head = models
-    calls = []
-    original = PEagleHead.forward
-    monkeypatch.setattr(PEagleHead, "forward", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
-    drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, peagle_head=head)
-    out = engine.generate(target, drafter, [3, 5, 7], SamplingParams(), 20, set())
-    assert len(out.rounds) >= 5 and len(calls) == len(out.rounds)  # K = 4 depths, one forward each round
-    depths = {d for d in out.nodes["depth"]}
-    assert depths == {1, 2, 3, 4} and all(0 < c <= 1 for c in out.nodes["confidence"])  # per-node records
+    assert one_forward.one_per_round(monkeypatch, head, target, METHOD, {"peagle_head": head}).depth == 4
 
 
 @torch.no_grad()
@@ -51,7 +35,7 @@ def test_drafting_reads_what_training_fits(models):
     """The drafter's K distributions after a prompt equal the training layout's outputs at that anchor."""
     target, head = models
     prompt, first = [3, 9, 4, 11, 2], 6
-    taps = taps_of(target, head, prompt + [first])  # (P + 1, k*H): the last row is never read
+    taps = one_forward.taps_of(target, head.feature_layers, prompt + [first])  # (P + 1, k*H): the last unread
     drafter = build_drafter(OmegaConf.create(METHOD), target, SamplingParams(), None, peagle_head=head)
     drafter.start(prompt, first, taps[:-1])
     drafted = drafter.parallel_log_probs()  # (K, V)
@@ -80,32 +64,14 @@ def test_format_round_trips_and_loads_strictly(models, tmp_path):
     assert isinstance(head, PEagleHead) and head.para_depths == 4 and head.mask_hidden.abs().sum() > 0
     again = load_peagle_head(FAMILY.save(head, tmp_path / "again"), target)
     torch.testing.assert_close(again.mask_hidden, head.mask_hidden)
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(str(folder / "model.safetensors"))
-    del state["mask_hidden"]
-    save_file(state, str(folder / "model.safetensors"))
-    with pytest.raises(KeyError, match="mask_hidden"):
-        load_peagle_head(folder, target)
+    one_forward.refused_without(folder, "mask_hidden", load_peagle_head, target)
 
 
 def test_loss_trains_every_depth(models):
     target, _ = models
     head = tiny_peagle_head(target, seed=2).float().train().requires_grad_(True)
-    tokens = torch.randint(32, (2, 16), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad(), LayerTap(target, head.feature_layers) as tap:
-        hidden = target(tokens, output_hidden_states=True).hidden_states[-1]
-        taps = tap.read()
-    batch = {"tokens": tokens, "layer_features": taps, "features": hidden, "valid": torch.ones_like(tokens).bool(),
-             "start": torch.tensor([4, 6])}
+    batch = one_forward.tapped_batch(target, head.feature_layers)
     proj = LossProjection(target.get_output_embeddings())
-    opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=3e-3)
-    first = None
-    for step in range(30):  # (a soft cross-entropy: its floor is the target's entropy)
-        loss, stats = peagle_loss(head, batch, proj=proj, generator=torch.Generator().manual_seed(step))
-        first = first or stats
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    first, stats = one_forward.train_steps(head, partial(peagle_loss, proj=proj), batch)  # soft CE: floor > 0
     assert {"top1", "top1_s2", "top1_s3", "top1_s4"} <= set(stats)
     assert stats["loss"] < first["loss"] - 0.1 and head.mask_hidden.grad.abs().sum() > 0

@@ -19,7 +19,9 @@ top-4) and the per-step stats come from it too. A module that reads tapped layer
 ``layer_features`` concatenates them, as its ``feature_layers`` attribute; the joint forward taps the union of its
 members' layers once and hands each member its own layers. ``export(module, summary, cfg, root, section)``
 writes it through its family's ``save`` to ``train.export.<export_key>`` and ``chain(module, target)`` is its
-greedy chain drafter (the chain tau, where validation measures one).
+greedy chain drafter (the chain tau, where validation measures one). ``solo_stage(stage, desc, member)`` is the
+stage of an objective trained alone from those same three (P-EAGLE, DFlash, PARD: their differences are their
+``Member`` and names); an objective may use it without joining joint runs (no ``member=`` in its ``Objective``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 
 from eagle2.heads.family import Family
 from eagle2.training.data import Sequence, train_val_sequences
+from eagle2.training.evaluation.heldout import validation
 from eagle2.training.features import featurizer, online_fingerprint
 from eagle2.training.loop import fit
 from eagle2.training.support import distributed
@@ -42,7 +45,8 @@ from eagle2.training.support import distributed
 
 @dataclass(frozen=True)
 class Member:
-    """How an objective trains as one head of a joint run (module docstring: "Joining a joint run")."""
+    """How an objective's module is built, exported and chain-measured: as one head of a joint run (module
+    docstring: "Joining a joint run") and, through ``solo_stage``, alone."""
     setup: Callable  # (target, corpus_dir, train.<stage>) -> (module, loss_fn, fingerprint extra)
     export: Callable  # (module, summary, cfg, root, section) -> the exported folder
     chain: Callable | None = None  # (module, target) -> its greedy chain drafter (``evaluate.chain_acceptance``)
@@ -94,3 +98,21 @@ def train_objective(module: torch.nn.Module, loss_fn: Callable, target, corpus_d
                   **kwargs)
     summary["corpus_shards"] = shards  # what this run read (training.json)
     return module.eval(), summary
+
+
+def solo_stage(stage: str, desc: str, member: Member) -> Callable:
+    """The ``run`` of stage ``stage`` (settings ``train.<stage>``) training ``member``'s module alone: seeded with
+    its ``seed``, built by ``member.setup`` on ``train.corpus.out_dir``, trained by ``train_objective`` (tapping
+    the module's ``feature_layers``, validated as its ``val_set`` says with ``member.chain``'s tau), exported by
+    ``member.export`` when it finished."""
+
+    def run(target, tokenizer, cfg, root: Path) -> Path | None:
+        c, corpus = cfg.train[stage], root / cfg.train.corpus.out_dir
+        torch.manual_seed(c.seed)
+        module, loss_fn, extra = member.setup(target, corpus, c)
+        module, summary = train_objective(module, loss_fn, target, corpus, c, root / c.out_dir, desc=desc,
+                                          fingerprint_extra=extra, tap_layers=getattr(module, "feature_layers", ()),
+                                          stop_after=c.stop_after,
+                                          **validation(target, tokenizer, cfg, root, stage, member.chain))
+        return member.export(module, summary, cfg, root) if exported(summary) else None
+    return run

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from eagle2.core.tree import additive_mask
 from eagle2.heads.dflash_head import FAMILY, DFlashHead, default_taps, dflash_config_from_target
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Member, Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, solo_stage
 from eagle2.training.support.losses import answer_positions, combine
 from eagle2.training.support.models import export
 
@@ -144,22 +143,11 @@ def evaluate_dflash_head(head, target, seqs, cfg) -> dict:
     return evaluate_drafter(head, seqs, cfg, partial(dflash_loss, num_anchors=64), dflash_chain_of(head, target))
 
 
-def dflash_stage(target, tokenizer, cfg, root: Path) -> Path | None:
-    """Train a DFlash draft model and export it to ``train.export.dflash_head``, with its card."""
-    c = cfg.train.dflash_head
-    torch.manual_seed(c.seed)
-    head, loss_fn, extra = dflash_setup(target, root / cfg.train.corpus.out_dir, c)
-    head, summary = train_objective(head, loss_fn, target, root / cfg.train.corpus.out_dir, c, root / c.out_dir,
-                                    desc="dflash", fingerprint_extra=extra, tap_layers=head.feature_layers,
-                                    stop_after=c.stop_after, **validation(target, tokenizer, cfg, root, "dflash_head",
-                                                                          dflash_chain_of))
-    return export_dflash(head, summary, cfg, root) if exported(summary) else None
-
-
 def export_dflash(head, summary: dict, cfg, root: Path, section: str = "dflash_head") -> Path:
     """Store a trained DFlash draft model at ``train.export.dflash_head`` with its card."""
     return export(head, FAMILY, summary, cfg, root, kind="dflash", export_key="dflash_head", section=section)
 
 
-OBJECTIVE = Objective("dflash_head", "DFlash draft model", dflash_stage, export_key="dflash_head", family=FAMILY,
-                      evaluate=evaluate_dflash_head, member=Member(dflash_setup, export_dflash, dflash_chain_of))
+MEMBER = Member(dflash_setup, export_dflash, dflash_chain_of)
+OBJECTIVE = Objective("dflash_head", "DFlash draft model", solo_stage("dflash_head", "dflash", MEMBER),
+                      export_key="dflash_head", family=FAMILY, evaluate=evaluate_dflash_head, member=MEMBER)

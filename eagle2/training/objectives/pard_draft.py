@@ -18,8 +18,9 @@ anyway (the loop's online features, which the SpS draft objective reads too), so
 with the LM head and carries more than its argmax. ``distill: false``: the cross-entropy on the corpus's next token,
 as PARD trains (its data, no target). Either way the exported draft reads no target feature at drafting time.
 
-PARD does not join joint runs (no ``Member``): a joint run shares one target forward among heads that read the
-target's features; a PARD draft is a whole LM whose forward is its own, so joining would save it nothing.
+PARD does not join joint runs (its ``Objective`` declares no ``member``; its ``Member`` describes its own stage):
+a joint run shares one target forward among heads that read the target's features; a PARD draft is a whole LM
+whose forward is its own, so joining would save it nothing.
 Stats: top-1 agreement with the target's argmax per depth (``top1``, ``top1_s{d}``).
 """
 
@@ -35,8 +36,7 @@ from eagle2.heads.draft_model import build_draft_model
 from eagle2.heads.pard_draft import FAMILY, PardDraft
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, solo_stage
 from eagle2.training.objectives.peagle_head import cod_anchors, parallel_layout
 from eagle2.training.support.losses import LossProjection, answer_positions, combine, loss_dtype, soft_cross_entropy
 from eagle2.training.support.models import export
@@ -124,8 +124,8 @@ def pard_chain_of(draft, target):
     return partial(pard_chain, draft)
 
 
-def pard_setup(target, cfg):
-    """(the draft to adapt, its loss function, its fingerprint settings) for ``cfg``."""
+def pard_setup(target, corpus_dir, cfg):
+    """(the draft to adapt, its loss function, its fingerprint settings) for ``cfg`` (``corpus_dir``: unread)."""
     draft = new_pard_draft(target, cfg)
     proj = LossProjection(target.get_output_embeddings(), loss_dtype(cfg.loss_dtype))
     ratio, floor, distill = float(cfg.down_sample_ratio), float(cfg.down_sample_ratio_min), bool(cfg.distill)
@@ -140,18 +140,12 @@ def evaluate_pard_draft(draft, target, seqs, cfg) -> dict:
     return evaluate_drafter(draft, seqs, cfg, partial(pard_loss, proj=proj), pard_chain_of(draft, target))
 
 
-def pard_stage(target, tokenizer, cfg, root: Path) -> Path | None:
-    """Adapt the SpS draft into a PARD draft and export it to ``train.export.pard_draft``, with its card."""
-    c = cfg.train.pard_draft
-    torch.manual_seed(c.seed)
-    draft, loss_fn, extra = pard_setup(target, c)
-    corpus = root / cfg.train.corpus.out_dir
-    draft, summary = train_objective(draft, loss_fn, target, corpus, c, root / c.out_dir, desc="pard",
-                                     fingerprint_extra=extra, stop_after=c.stop_after,
-                                     **validation(target, tokenizer, cfg, root, "pard_draft", pard_chain_of))
-    return export(draft, FAMILY, summary, cfg, root, kind="pard_draft", export_key="pard_draft") \
-        if exported(summary) else None
+def export_pard(draft, summary: dict, cfg, root: Path, section: str = "pard_draft") -> Path:
+    """Store an adapted PARD draft at ``train.export.pard_draft`` with its card."""
+    return export(draft, FAMILY, summary, cfg, root, kind="pard_draft", export_key="pard_draft", section=section)
 
 
-OBJECTIVE = Objective("pard_draft", "PARD draft", pard_stage, export_key="pard_draft", family=FAMILY,
-                      evaluate=evaluate_pard_draft)
+# its stage only: no ``member=``, it joins no joint run (module docstring)
+OBJECTIVE = Objective("pard_draft", "PARD draft", solo_stage("pard_draft", "pard",
+                                                             Member(pard_setup, export_pard, pard_chain_of)),
+                      export_key="pard_draft", family=FAMILY, evaluate=evaluate_pard_draft)

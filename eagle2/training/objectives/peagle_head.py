@@ -20,8 +20,7 @@ import torch
 from eagle2.heads.peagle_head import FAMILY, PEagleHead, peagle_config_from_target
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Member, Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, solo_stage
 from eagle2.training.objectives.eagle3 import draft_vocabulary_ids, new_eagle3_head
 from eagle2.training.support.losses import LogitsSoftCrossEntropy, LossProjection, answer_positions, combine, loss_dtype
 from eagle2.training.support.models import export
@@ -149,22 +148,11 @@ def peagle_chain_of(head, target):
     return partial(peagle_chain, head)
 
 
-def peagle_stage(target, tokenizer, cfg, root: Path) -> Path | None:
-    """Train a P-EAGLE head and export it to ``train.export.peagle_head``, with its card."""
-    c = cfg.train.peagle_head
-    torch.manual_seed(c.seed)
-    head, loss_fn, extra = peagle_setup(target, root / cfg.train.corpus.out_dir, c)
-    head, summary = train_objective(head, loss_fn, target, root / cfg.train.corpus.out_dir, c, root / c.out_dir,
-                                    desc="peagle", fingerprint_extra=extra, tap_layers=head.feature_layers,
-                                    stop_after=c.stop_after, **validation(target, tokenizer, cfg, root, "peagle_head",
-                                                                          peagle_chain_of))
-    return export_peagle(head, summary, cfg, root) if exported(summary) else None
-
-
 def export_peagle(head, summary: dict, cfg, root: Path, section: str = "peagle_head") -> Path:
     """Store a trained P-EAGLE head at ``train.export.peagle_head`` with its card."""
     return export(head, FAMILY, summary, cfg, root, kind="peagle", export_key="peagle_head", section=section)
 
 
-OBJECTIVE = Objective("peagle_head", "P-EAGLE head", peagle_stage, export_key="peagle_head", family=FAMILY,
-                      evaluate=evaluate_peagle_head, member=Member(peagle_setup, export_peagle, peagle_chain_of))
+MEMBER = Member(peagle_setup, export_peagle, peagle_chain_of)
+OBJECTIVE = Objective("peagle_head", "P-EAGLE head", solo_stage("peagle_head", "peagle", MEMBER),
+                      export_key="peagle_head", family=FAMILY, evaluate=evaluate_peagle_head, member=MEMBER)
