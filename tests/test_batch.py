@@ -3,9 +3,14 @@ B = 2, 3, 4 with ragged prompts (more prompts than rows: freed rows are refilled
 token-identical to batch-1 plain decoding for every method, each request with its own drafter and tree.
 At T > 0 every row with its own seeded generator decodes exactly what the batch-1 engine decodes.
 
+The one-forward drafters (P-EAGLE, DFlash, PARD: each row drafts alone, one draft forward per row and round) draft
+in a batch what they draft at batch 1: per row, at T = 0 and T > 0, the same outputs, accepted lengths and drafted
+nodes (confidences to float32 rounding).
+
 Negative controls, each caught: one prefix length for the whole batch (a row's queries see the stale entries
-between its own length and the batch width) and positions from the batch width instead of the row's own
-length.
+between its own length and the batch width), positions from the batch width instead of the row's own
+length, and (for the one-forward drafters) features handed to another row's drafter, or a refilled row's PARD
+draft started without its prompt's first token.
 """
 
 from __future__ import annotations
@@ -200,3 +205,60 @@ def test_batch_one_and_batched_share_one_round(tiny, weights, plain_refs, monkey
     broken = [r.output.output_ids for r in batch_decode(tiny[0], method, weights, 3)]
     assert broken != plain_refs
     assert broken == single_decode(tiny[0], method, weights)  # the same broken round at batch 1
+
+
+ONE_FORWARD = ("peagle", "dflash", "pard")
+
+
+def drafted(results) -> list[tuple]:
+    """Per request: (outputs, accepted lengths, each drafted node's (round, tree index, depth, rank, accepted))."""
+    return [(o.output_ids, o.accept_lengths,
+             list(zip(*(o.nodes[k] for k in ("round", "tree_index", "depth", "rank", "accepted")))))
+            for o in results]
+
+
+def one_forward_batch_and_one(target, name, weights, temperature):
+    """The six prompts' outputs at batch 1 and at B = 3 (rows refilled), each request with its seeded generator."""
+    params, seeds = SamplingParams(temperature=temperature), [11, 12, 13, 14, 15, 16]
+    one = [engine.generate(target, drafter(target, METHODS[name], weights, params, g), p, params, N, set(), g)
+           for p, g in zip(PROMPTS, (torch.Generator().manual_seed(s) for s in seeds))]
+    return one, [r.output for r in batch_decode(target, METHODS[name], weights, 3, params=params, seeds=seeds)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", ONE_FORWARD)
+def test_one_forward_rows_draft_in_a_batch_what_they_draft_alone(tiny, weights, name, temperature):
+    one, batched = one_forward_batch_and_one(tiny[0], name, weights, temperature)
+    assert drafted(batched) == drafted(one)
+    for mine, ref in zip(batched, one):
+        torch.testing.assert_close(mine.nodes["confidence"], ref.nodes["confidence"], rtol=1e-4, atol=1e-6)
+    assert any(a > 1 for o in one for a in o.accept_lengths)  # drafts were accepted: the nodes mattered
+
+
+def features_of_the_next_row(verify):
+    """Broken: each row's drafter receives the next row's target features."""
+    def broken(self, trees):
+        logits, features, facts = verify(self, trees)
+        return logits, features.roll(1, dims=0), facts
+    return broken
+
+
+def pard_admitted_without_the_first_prompt_token(prefill):
+    """Broken: a batched row's PARD draft starts from its prompt less the first token."""
+    def broken(target, cache, prompt_ids, drafter, *args):
+        first = prefill(target, cache, prompt_ids, drafter, *args)
+        drafter.start(list(prompt_ids)[1:], first, None)
+        return first
+    return broken
+
+
+@pytest.mark.parametrize("name", ONE_FORWARD)
+def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name):
+    if name == "pard":  # it reads no features: its batched path's own input is the row's tokens
+        monkeypatch.setattr(batch_engine, "prefill", pard_admitted_without_the_first_prompt_token(batch_engine.prefill))
+    else:
+        monkeypatch.setattr(batch_engine.BatchVerifier, "verify",
+                            features_of_the_next_row(batch_engine.BatchVerifier.verify))
+    one, batched = one_forward_batch_and_one(tiny[0], name, weights, 0.0)
+    assert [o.output_ids for o in batched] == [o.output_ids for o in one]  # lossless all the same
+    assert drafted(batched) != drafted(one)  # but not what batch 1 drafts

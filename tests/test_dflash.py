@@ -1,10 +1,10 @@
 """DFlash (``eagle2.heads.dflash_head``, ``eagle2.drafters.dflash``, ``eagle2.training.objectives.dflash_head``): one
 draft forward per round denoises the block; drafting reads exactly what training fits (the same outputs, slot for
-slot, in the first round and after a commit, through the draft's KV cache); a block sees the context strictly
-before its anchor and never another block; the format is z-lab's, round-trips and is loaded strictly; the loss
-trains every slot, and the objective joins a joint run. Losslessness: ``tests/test_greedy.py`` (``SPEC_METHODS``,
-batch 1; ``test_batch.py``, batched), ``tests/test_certification_exact.py`` and ``tests/test_zoo.py``
-(``FAMILY.fixture``)."""
+slot, in the first round and after a commit, through the draft's KV cache); a block sees the context strictly before
+its anchor and never another block; the format is z-lab's, round-trips and is loaded strictly; the loss trains every
+slot, and the objective joins a joint run. Losslessness: ``tests/test_greedy.py`` (``SPEC_METHODS``, batch 1;
+``test_batch.py``, batched: the same drafts as batch 1, T = 0 and T > 0), ``tests/test_certification_exact.py`` and
+``tests/test_zoo.py`` (``FAMILY.fixture``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""P-EAGLE (``eagle2.heads.peagle_head``, ``eagle2.drafters.peagle``, ``eagle2.training.objectives.peagle_head``):
-one head forward per round drafts every depth; drafting reads exactly what training's layout fits (the same
-outputs, slot for slot); COD keeps the shares it says; the format round-trips and is loaded strictly; the loss
-trains. Losslessness: ``tests/test_greedy.py`` (``SPEC_METHODS``, batch 1; ``test_batch.py``, batched),
-``tests/test_certification_exact.py`` and ``tests/test_zoo.py`` (``FAMILY.fixture``)."""
+"""P-EAGLE (``eagle2.heads.peagle_head``, ``eagle2.drafters.peagle``, ``eagle2.training.objectives.peagle_head``): one
+head forward per round drafts every depth; drafting reads exactly what training's layout fits (the same outputs, slot
+for slot); COD keeps the shares it says; the format round-trips and is loaded strictly; the loss trains.
+Losslessness: ``tests/test_greedy.py`` (``SPEC_METHODS``, batch 1; ``test_batch.py``, batched: the same drafts as
+batch 1, T = 0 and T > 0), ``tests/test_certification_exact.py`` and ``tests/test_zoo.py`` (``FAMILY.fixture``)."""
 
 from __future__ import annotations
 
