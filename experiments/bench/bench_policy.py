@@ -1,5 +1,5 @@
 """EAGLE-2 with the round policy (``method.policy=pays``) against plain decoding, eager and compiled, and EAGLE-2
-drafting every round (``method.policy=always``), at batch sizes 1..16, side by side:
+drafting every round (``method.policy=always``), each eager and compiled, at batch sizes 1..16, side by side:
 
     python -m experiments.bench.bench_policy [--dataset mt_bench] [--limit 5] [--tokens 128] [--batch 1,2,4,8,16]
     python -m experiments.bench.bench_policy --print-only      # the table from rows already stored
@@ -13,6 +13,7 @@ go to every run.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 
@@ -22,39 +23,48 @@ from eagle2.results.throughput import batch_throughput
 RESULTS = "results/bench_policy"
 CELLS = {"plain eager": ["method=plain", "engine.compile=false"],
          "plain compiled": ["method=plain", "engine.compile=true"],
-         "eagle2 always": ["method=eagle2", "method.policy=always"],
-         "eagle2 pays": ["method=eagle2", "method.policy=pays"]}
+         "eagle2 always eager": ["method=eagle2", "method.policy=always", "engine.compile=false"],
+         "eagle2 pays eager": ["method=eagle2", "method.policy=pays", "engine.compile=false"],
+         "eagle2 always compiled": ["method=eagle2", "method.policy=always", "engine.compile=true"],
+         "eagle2 pays compiled": ["method=eagle2", "method.policy=pays", "engine.compile=true"]}
+SPECULATIVE = [name for name in CELLS if not name.startswith("plain")]
 
 
 def run_cells(args, extra: list[str]) -> None:
     for overrides in CELLS.values():
         subprocess.run([sys.executable, "run.py", "-m", *overrides, f"dataset={args.dataset}",
                         f"dataset.limit={args.limit}", f"max_new_tokens={args.tokens}", f"batch_size={args.batch}",
-                        f"paths.results={RESULTS}", "logger=none", *extra], check=True)
+                        f"paths.results={args.results}", "logger=none", *extra], check=True)
 
 
-def rates() -> dict[tuple[str, int], float]:
-    rows, out = load_rows(RESULTS), {}
+def rates(results: str) -> dict[tuple[str, int], float]:
+    rows, out = load_rows(results), {}
     for (method, policy, compiled, b), group in rows.groupby(
             [rows.method, rows.method_config.map(lambda c: c.get("policy", "always")),
              rows.compile.str.endswith("true"), rows.batch_size]):
-        name = f"plain {'compiled' if compiled else 'eager'}" if method == "plain" else f"{method} {policy}"
+        state = "compiled" if compiled else "eager"
+        name = f"plain {state}" if method == "plain" else f"{method} {policy} {state}"
         out[name, int(b)] = (batch_throughput(group.to_dict("records"))["throughput_tokens_per_s"] if b > 1
                              else group.new_tokens.sum() / group.wall_time_s.sum())
     return out
 
 
+def shown(value: float, form: str) -> str:
+    return "-" if math.isnan(value) else form.format(value)
+
+
 def table(r: dict[tuple[str, int], float]) -> str:
-    lines = ["| B | " + " | ".join(f"{n} tok/s" for n in CELLS) + " | eagle2 pays / eager plain | "
-             "eagle2 pays / fastest plain | eagle2 always / fastest plain |",
-             "|" + "---|" * (len(CELLS) + 4)]
+    """Tokens/s of every cell, then each speculative cell over eager plain and over the fastest plain."""
+    lines = ["| B | " + " | ".join(f"{n} tok/s" for n in CELLS) + " | "
+             + " | ".join(f"{n} / eager plain | {n} / fastest plain" for n in SPECULATIVE) + " |",
+             "|" + "---|" * (1 + len(CELLS) + 2 * len(SPECULATIVE))]
+    nan = float("nan")
     for b in sorted({b for _, b in r}):
-        fastest = max(r.get(("plain eager", b), 0.0), r.get(("plain compiled", b), 0.0)) or float("nan")
-        eager = r.get(("plain eager", b), float("nan"))
-        cells = [f"{r.get((n, b), float('nan')):.1f}" for n in CELLS]
-        pays, always = r.get(("eagle2 pays", b), float("nan")), r.get(("eagle2 always", b), float("nan"))
-        lines.append(f"| {b} | " + " | ".join(cells) + f" | {pays / eager:.2f}x | {pays / fastest:.2f}x | "
-                     f"{always / fastest:.2f}x |")
+        fastest = max(r.get(("plain eager", b), 0.0), r.get(("plain compiled", b), 0.0)) or nan
+        eager = r.get(("plain eager", b), nan)
+        cells = [shown(r.get((n, b), nan), "{:.1f}") for n in CELLS]
+        ratios = [shown(r.get((n, b), nan) / base, "{:.2f}x") for n in SPECULATIVE for base in (eager, fastest)]
+        lines.append(f"| {b} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines)
 
 
@@ -64,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batch", default="1,2,4,8,16")
+    parser.add_argument("--results", default=RESULTS, help="where the cells' rows go (a fresh folder: a new run)")
     parser.add_argument("--print-only", action="store_true")
     args, extra = parser.parse_known_args(argv)
     if not args.print_only:
         run_cells(args, [e for e in extra if e != "--"])
-    print(table(rates()))
+    print(table(rates(args.results)))
     return 0
 
 
