@@ -35,6 +35,9 @@ test: install  ## the test suite (offline, CPU; slow tests excluded; TEST_WORKER
 test-slow: install  ## only the slow tests (many-sample certification, run.py sweeps, long decodes, real training)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m slow
 
+test-heavy: install  ## the slow tests CI runs after make test: the entrypoints and checks moved out of make test for time
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m heavy
+
 test-entrypoints: install  ## the slow tests that start run.py in a subprocess (sweeps, a killed sweep's resume); CI runs them
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m entrypoint
 

@@ -25,6 +25,17 @@ def pytest_configure(config):
                             "(tests/devices.py); run with -m gpu")
     config.addinivalue_line("markers", "entrypoint: slow tests that start run.py in a subprocess; "
                             "`make test-entrypoints` (CI runs it after make test)")
+    config.addinivalue_line("markers", "heavy: slow tests CI runs after make test (`make test-heavy`): the "
+                            "entrypoints, and checks moved out of make test for its five minutes whose property "
+                            "a faster default test also covers (named in each one's comment)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a heavy or entrypoint test is a slow one
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("heavy") or item.get_closest_marker("entrypoint"):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.heavy)
 
 
 # cost profiles measured by tests (method total_tokens=auto) go here, not to ~/.cache

@@ -60,6 +60,7 @@ def test_known_keys_come_from_every_option_of_every_group():
         assert unknown_keys(config(override)) == [], override
 
 
+@pytest.mark.heavy  # composes every config twice from cold; the known keys themselves are checked by default above
 def test_known_keys_are_cached_on_disk_until_a_yaml_changes(tmp_path, monkeypatch):
     """Composing every option takes seconds a run; the disk cache answers while the config folder is unchanged,
     and any edit (a new key) composes again: the new key is known at once."""

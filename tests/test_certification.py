@@ -107,19 +107,28 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
 
 
-# eagle3's chi-square runs with the slow ones: its round is certified exactly by default
-# (test_certification_exact), and the default suite has a time budget
-DEFAULT_CHI_SQUARE = [n if n != "eagle3" else pytest.param(n, marks=pytest.mark.slow) for n in METHODS]
+# make test keeps one end-to-end chi-square (EAGLE-2 at T=1, with its negative control below): every method's
+# round is certified exactly by default (test_certification_exact), and make test has a five-minute budget; the
+# other methods and settings run in CI after it (heavy), eagle3's with the slow ones
+def chi_square_case(name: str, params_id: str):
+    if name == "eagle3":
+        return pytest.param(name, params_id, marks=pytest.mark.slow)
+    return pytest.param(name, params_id, marks=() if (name, params_id) == ("eagle2", "T1") else pytest.mark.heavy)
 
 
-@pytest.mark.parametrize("name", DEFAULT_CHI_SQUARE)
-@pytest.mark.parametrize("params", PARAMS, ids=["T1", "T0.7-p0.9-k6"])
-def test_method_matches_target_distribution(models_on, name, params):
+PARAM_IDS = {"T1": PARAMS[0], "T0.7-p0.9-k6": PARAMS[1]}
+
+
+@pytest.mark.parametrize("name,params_id", [chi_square_case(n, p) for p in PARAM_IDS for n in METHODS],
+                         ids=[f"{p}-{n}" for p in PARAM_IDS for n in METHODS])
+def test_method_matches_target_distribution(models_on, name, params_id):
+    params = PARAM_IDS[params_id]
     target, draft, head = models_on
     counts = sample_counts(target, METHODS[name], params, 2500, seed=11, draft=draft, head=head)
     assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
 
 
+@pytest.mark.heavy  # SpS's round at any draft temperature: certified exactly by default (test_certification_exact)
 def test_sps_draft_temperature_matches_target_distribution(models):
     """SpS drafts sampled (and q recorded) at temperature 1.3 against a target at 0.7: still lossless."""
     target, draft, head = models
@@ -164,8 +173,10 @@ def _q_is_one(tree, p_target, generator):
     return path, int(torch.multinomial(p_target[node], 1, generator=generator))
 
 
-@pytest.mark.parametrize("control,method", [("always_accept", "eagle2"), ("always_accept", "sps"),
-                                            ("q_is_one", "sps"), ("sibling_visible_mask", "eagle")])
+@pytest.mark.parametrize("control,method", [("always_accept", "eagle2"),  # the default chi-square's control
+                                            *[pytest.param(*case, marks=pytest.mark.heavy) for case in
+                                              [("always_accept", "sps"), ("q_is_one", "sps"),
+                                               ("sibling_visible_mask", "eagle")]]])
 def test_negative_control_is_rejected(models, monkeypatch, control, method):
     target, draft, head = models
     if control == "always_accept":

@@ -88,6 +88,7 @@ def test_two_ranks_match_one_process_on_the_union_batch(corpus, two_ranks, tmp_p
     assert per_step == ref_tokens  # the global tokens of each step: the union batch's
 
 
+@pytest.mark.heavy  # the negative control of the test above: in CI after make test
 def test_ranks_that_skip_the_all_reduce_differ(corpus, two_ranks, tmp_path):
     """Negative control: the same run with each rank keeping its own gradients fails the comparison."""
     torchrun(corpus, tmp_path / "run", tmp_path / "head.safetensors", "--skip-allreduce")
@@ -96,6 +97,7 @@ def test_ranks_that_skip_the_all_reduce_differ(corpus, two_ranks, tmp_path):
     assert max_difference(broken, two_ranks[1]) > 100 * ATOL
 
 
+@pytest.mark.heavy  # torchrun in subprocesses; two ranks' equivalence stays in make test
 def test_killed_run_resumes_under_torchrun_and_refuses_another_world_size(corpus, two_ranks, tmp_path):
     out = tmp_path / "run"
     killed = torchrun(corpus, out, tmp_path / "head.safetensors", "--crash-at", 3, check=False)

@@ -141,6 +141,7 @@ def test_cuda_graphs_stage_checks_the_static_path_on_a_cpu():
     assert rows[1]["rounds"] < rows[0]["rounds"]  # EAGLE-2 accepted drafts on the planted target
 
 
+@pytest.mark.heavy  # the stage's negative control; the stage itself runs by default (checks_the_static_path)
 def test_cuda_graphs_stage_fails_on_a_broken_static_path(monkeypatch):
     """The static cache keeps the first nodes of a round instead of the accepted path: EAGLE-2 diverges (in 2 of
     these 6 prompts: the planted target's greedy tokens lean little on the context)."""

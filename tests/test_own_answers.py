@@ -5,6 +5,7 @@ held-out split); long prompts counted; resumable."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eagle2.prompts.chat import stop_ids
@@ -36,6 +37,7 @@ def _greedy_alone(model, prompt, stops, n):
     return ids[len(prompt):]
 
 
+@pytest.mark.heavy  # decodes SmolLM2 twice (the batched stage and a greedy loop): in CI after make test
 def test_first_turns_are_answered_as_a_greedy_loop_answers_them_alone(smollm2, tmp_path):
     model, tok = smollm2
     source, out = tmp_path / "tokens", tmp_path / "own"

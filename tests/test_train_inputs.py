@@ -27,6 +27,7 @@ def train_cfg(*overrides):
         return compose("train_head", overrides=list(overrides))
 
 
+@pytest.mark.entrypoint  # train_head.py in subprocesses; each stage's message is checked in-process below
 def test_unknown_stage_and_missing_corpus_are_one_line_before_the_target_loads(tmp_path):
     for stage, message in [("heads", "[train_head] unknown stage 'heads'; choose one of corpus, head"),
                            ("head", f"[train_head] stage=head trains on train.corpus.out_dir={tmp_path / 'none'}, "
