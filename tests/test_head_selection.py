@@ -37,9 +37,9 @@ import torch
 
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters import eagle2_dynamic, eagle_static, hydra, medusa
+from eagle2.drafters.lookahead import LookaheadDrafter, LookaheadSettings, NgramPool
 from eagle2.drafters.oracle import OracleDrafter
 from eagle2.drafters.peagle import PEagleDrafter, default_choices
-from eagle2.drafters.lookahead import LookaheadDrafter, LookaheadSettings, NgramPool
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.drafters.token_recycling import TokenRecyclingDrafter
 from tests.conftest import tiny_llama, tiny_peagle_head
