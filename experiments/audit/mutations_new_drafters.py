@@ -4,7 +4,8 @@ deliberately broken line?
 Each mutation replaces one exact snippet of one source file (it must occur there exactly once), runs that family's
 tests (``pytest -x``) in a subprocess, and restores the file byte for byte, its modification time included (the
 subprocess writes no bytecode, so no stale ``.pyc`` of a mutant can outlive it). A mutation is caught when the tests
-fail; the table names the first failing test.
+fail; the table names the first failing test. (Shifting every position of a forward by one is no mutation: RoPE
+sees only differences, so the outputs stay the same; the position mutations here move some positions only.)
 
     python -m experiments.audit.mutations_new_drafters            # all, a markdown table at the end
     python -m experiments.audit.mutations_new_drafters --only pard --check   # the snippets still match
@@ -56,9 +57,10 @@ MUTATIONS = [
              "0 <= head.mask_token_id < target", "0 <= head.mask_token_id <= target"),
     Mutation("peagle", "default tree one depth short", PEAGLE,
              "for d in range(depth) for r", "for d in range(depth - 1) for r"),
-    Mutation("peagle", "drafting positions off by one", PEAGLE,
-             "torch.arange(self.committed, self.committed + n + slots,",
-             "torch.arange(self.committed + 1, self.committed + n + slots + 1,"),
+    Mutation("peagle", "slots drafted at the last pair's position", PEAGLE,
+             "torch.arange(self.committed, self.committed + n + slots, device=self.device)",
+             "torch.arange(self.committed, self.committed + n + slots, device=self.device)"
+             ".clamp(max=self.committed + n - 1)"),
     Mutation("peagle", "top-k ranks worst first", PEAGLE,
              "tokens, log_conf = self.top(log_probs, self.top_k)",
              "tokens, log_conf = [c.flip(-1) for c in self.top(log_probs, self.top_k)]"),
@@ -74,8 +76,8 @@ MUTATIONS = [
              "kept = reach[answer[reach + d - 1]]", "kept = reach[answer[reach + d - 2]]"),
     Mutation("peagle", "layout: a position does not see itself", PEAGLE_OBJ,
              "(anchor[None, :] <= anchor[:, None])", "(anchor[None, :] < anchor[:, None])"),
-    Mutation("peagle", "layout: slot positions off by one", PEAGLE_OBJ,
-             "position_ids=(anchor + depth - 1)[None]", "position_ids=(anchor + depth)[None]"),
+    Mutation("peagle", "layout: slots at their anchor's position", PEAGLE_OBJ,
+             "position_ids=(anchor + depth - 1)[None]", "position_ids=(anchor + 0 * depth)[None]"),
     Mutation("peagle", "loss target: the slot's own position", PEAGLE_OBJ,
              "feats[row][(anchor + depth)[counted]]", "feats[row][(anchor + depth - 1)[counted]]"),
     Mutation("peagle", "loss target softmax at temperature 2", PEAGLE_OBJ,
