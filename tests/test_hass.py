@@ -117,3 +117,16 @@ def test_the_hass_settings_reach_the_loss(target):  # noqa: F811
 
     _, loss_fn, extra = head_setup(target, head_cfg(unroll=3, detach_unroll=True, top_k=4, w_topk=1.0))
     assert loss_fn.keywords["detach_unroll"] and loss_fn.keywords["top_k"] == 4 and extra["detach_unroll"]
+
+
+def test_detach_unroll_cuts_exactly_the_read_of_the_previous_prediction():
+    """With ``detach`` step 2 reaches step 1's prediction through no path (its keys come from the inputs, not the
+    outputs); without it, step 2 reads it."""
+    model = tiny_llama(vocab=32, layers=2, seed=0)
+    head = tiny_head(model, seed=1).float().train()
+    tokens = torch.randint(0, 32, (1, 9), generator=torch.Generator().manual_seed(0))
+    feats, answer = torch.randn(1, 8, 32), torch.ones(1, 8, dtype=torch.bool)
+    for detach in (False, True):
+        steps = {step: pred for step, pred, _ in unrolled_predictions(head, tokens, feats, answer, 2, detach)}
+        reach = torch.autograd.grad(steps[2].sum(), steps[1], allow_unused=True)[0]
+        assert (reach is None) == detach
