@@ -5,7 +5,8 @@ Each mutation replaces one exact snippet of one source file (it must occur there
 tests (``pytest -x``) in a subprocess, and restores the file byte for byte, its modification time included (the
 subprocess writes no bytecode, so no stale ``.pyc`` of a mutant can outlive it). A mutation is caught when the tests
 fail; the table names the first failing test. (Shifting every position of a forward by one is no mutation: RoPE
-sees only differences, so the outputs stay the same; the position mutations here move some positions only.)
+sees only differences, so the outputs stay the same; the position mutations here move some positions only. Nor is
+counting a P-EAGLE element by its anchor's target instead of its own: COD keeps only anchors whose every depth counts.)
 
     python -m experiments.audit.mutations_new_drafters            # all, a markdown table at the end
     python -m experiments.audit.mutations_new_drafters --only pard --check   # the snippets still match
@@ -82,8 +83,7 @@ MUTATIONS = [
              "feats[row][(anchor + depth)[counted]]", "feats[row][(anchor + depth - 1)[counted]]"),
     Mutation("peagle", "loss target softmax at temperature 2", PEAGLE_OBJ,
              "draft_weight).float(), -1)", "draft_weight).float() / 2, -1)"),
-    Mutation("peagle", "loss counted by the anchor's target", PEAGLE_OBJ,
-             "counted = answer[row][anchor + depth - 1]", "counted = answer[row][anchor]"),
+    Mutation("peagle", "COD share one depth too deep", PEAGLE_OBJ, "ratio ** (d - 1), floor", "ratio ** d, floor"),
     # DFlash: head, drafter, objective
     Mutation("dflash", "residual around attention dropped", DFLASH_HEAD,
              "x = x + self.self_attn(", "x = self.self_attn("),
