@@ -1,5 +1,6 @@
 """The bad-input table, run through the real entry point in-process: each input answered in one line naming the key
-or the file, before the target loads, and no row written (``record_cell_failure`` stores nothing for it). Hydra's
+or the file, before the target loads, printed alone (the run's plan line comes after the weights' and prompts'
+checks), and no row written (``record_cell_failure`` stores nothing for it). Hydra's
 own refusals (an unknown key without ``+``, an option a group lacks) are reduced to one line before Hydra runs
 (``eagle2.bench.overrides``). And every drafter's declared setting checks (``CHECKS``) pass on its shipped YAML and
 name keys its YAML has."""
@@ -30,6 +31,30 @@ def cut_head(folder):
     return folder
 
 
+def header_too_long(folder):
+    """A weights folder whose safetensors header claims more bytes than the file holds."""
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes((10 ** 9).to_bytes(8, "little") + b"{}")
+    return folder
+
+
+def header_not_json(folder):
+    """A weights folder whose safetensors header is not JSON."""
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes((20).to_bytes(8, "little") + b"{not json at all....." + bytes(50))
+    return folder
+
+
+def text_file(text):
+    """A maker writing ``text`` into the file it is given (question files)."""
+    def make(path):
+        path.write_text(text)
+        return path
+    return make
+
+
 def garbage_datastore(path):
     path.write_bytes(b"\x93NUMPY not a zip at all" * 10)
     return path
@@ -58,18 +83,51 @@ TABLE = [  # (overrides, a file to make: (name, maker) or None, what the one lin
      "model.rest_datastore={file} is not a whole REST datastore"),
     (["method=rest", "model.rest_datastore={file}"], ("store.npz", cut_datastore),
      "model.rest_datastore={file} is not a whole REST datastore"),
+    # each drafter's settings (its CHECKS, conf/method/<name>.yaml)
+    (["method=peagle", "method.depth=0"], None, "method.depth=0 is invalid: must be an integer >= 1"),
+    (["method=peagle", "method.choice_tree=[[0,0]]"], None, "method.choice_tree=[[0, 0]] is invalid: must be null"),
+    (["method=dflash", "method.block_size=1"], None, "method.block_size=1 is invalid: must be null (the draft "
+                                                      "model's own) or an integer >= 2 (conf/method/dflash.yaml)"),
+    (["method=pard", "method.total_tokens=many"], None, "method.total_tokens='many' is invalid: must be an integer "
+                                                        ">= 1 or auto"),
+    (["method=hass", "method.top_k=0"], None, "method.top_k=0 is invalid: must be an integer >= 1"),
+    (["method=sps", "method.k=0"], None, "method.k=0 is invalid: must be an integer >= 1"),
+    (["method=medusa", "method.choices=[[0,0]]"], None, "method.choices=[[0, 0]] is invalid: method.choices has "
+                                                        "paths whose parent path is absent"),
+    (["method=pld", "method.min_ngram=3", "method.max_ngram=2"], None, "method.min_ngram=3 is invalid: must be <= "
+                                                                       "method.max_ngram (2)"),
+    (["method=oracle", "method.depth=0"], None, "method.depth=0 is invalid: must be an integer >= 1"),
+    # drafter weights: damaged, missing, a file for a folder
+    (["method=dflash", "model.dflash_head={file}"], ("dflash", header_too_long),
+     "model.dflash_head: {file}/model.safetensors is not a whole safetensors file (header length 1000000000"),
+    (["method=peagle", "model.peagle_head={file}"], ("peagle", header_not_json),
+     "model.peagle_head: {file}/model.safetensors is not a whole safetensors file"),
+    (["method=pard", "model.pard_draft={tmp}/nosuch"], None, "/nosuch: no such folder"),
+    (["method=hass", "model.hass_head={file}"], ("h.safetensors", text_file("x")),
+     "model.hass_head={file} is a file; give the folder that holds config.json and model.safetensors"),
+    # question files, prompt lengths, keys and run settings
+    (["dataset.path={file}"], ("q.jsonl", text_file("{not json\n")), "{file} line 1: not valid JSON"),
+    (["dataset.path={file}"], ("q.jsonl", text_file('{"question_id": 1}\n')), "{file} line 1: missing turns"),
+    (["dataset.path={file}"], ("q.jsonl", text_file("")), "{file}: no questions (the file is empty"),
+    (["dataset.path={tmp}/missing.jsonl"], None, "/missing.jsonl does not exist (dataset.path / dataset=mt_bench)"),
+    (["dataset.path={file}", "model.max_context=128", "max_new_tokens=4"],
+     ("q.jsonl", text_file('{"question_id": 1, "turns": ["%s"]}\n' % ("word " * 400))),
+     "question 1 turn 0: prompt has 431 tokens but the context of 128 leaves room for 124"),
+    (["+dataset.limt=3"], None, "unknown key dataset.limt: no config under conf/ has it"),
+    (["temperature=-1"], None, "temperature=-1 is invalid: must be a number >= 0 (0 = greedy)"),
 ]
 
 
 @pytest.mark.parametrize("overrides, make, line", TABLE, ids=[" ".join(o) for o, _, _ in TABLE])
 @pytest.mark.usefixtures("no_model")
-def test_a_bad_input_is_one_line_before_the_target_loads_and_writes_no_row(overrides, make, line, tmp_path):
+def test_a_bad_input_is_one_line_before_the_target_loads_and_writes_no_row(overrides, make, line, tmp_path, capsys):
     file = make[1](tmp_path / make[0]) if make else None
     given = [o.format(tmp=tmp_path, file=file) for o in overrides]
     cfg = config(*given, "dataset.limit=1", f"paths.results={tmp_path / 'r'}")
     with pytest.raises(REFUSED) as err:
         runner.run(cfg)
     text = str(err.value)
+    assert "[eagle2]" not in capsys.readouterr().out  # the refusal is the run's only line (no plan line before it)
     print(f"{' '.join(given)} -> {text}")
     assert "\n" not in text and line.format(file=file) in text
     assert runner.record_cell_failure(cfg, err.value).startswith("nowhere")
@@ -81,6 +139,9 @@ def test_a_bad_input_is_one_line_before_the_target_loads_and_writes_no_row(overr
     ("config", ["method.bogus=2"], "to add it anyway write +method.bogus=2"),
     ("config", ["metod.k=2"], "did you mean method.k"),
     ("config", ["method=nosuch"], "Could not find 'method/nosuch'; the options are "),
+    ("config", ["model=nosuch"], "Could not find 'model/nosuch'; the options are "),
+    ("config", ["dataset=nosuch"], "Could not find 'dataset/nosuch'; the options are alpaca, cnn_dm"),
+    ("config", ["experiment=nosuch"], "Could not find 'experiment/nosuch'; the options are "),
     ("train_head", ["head.resume_dirr=x"], "unknown key head.resume_dirr"),
     ("config", ["method.k=[1,"], "cannot parse an override: "),
 ])

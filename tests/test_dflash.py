@@ -9,6 +9,7 @@ slot, and the objective joins a joint run. Losslessness: ``tests/test_greedy.py`
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from eagle2.bench.methods import build_drafter
+from eagle2.core.features import LayerTap
 from eagle2.core.sampling import SamplingParams
 from eagle2.heads.dflash_head import FAMILY, DFlashHead, load_dflash_head, write_random
 from eagle2.training.data import collate, split_shards, token_sequences
@@ -123,3 +125,62 @@ def test_the_member_loss_is_its_solo_loss_in_a_joint_forward(token_corpus):  # n
     solo, _ = losses["dflash_head"](heads["dflash_head"], OnlineFeatures(target, head_taps(heads["dflash_head"]))(
         dict(raw)), train=False)
     assert stats["dflash_head/loss"] == pytest.approx(float(solo.detach()), rel=1e-6, abs=1e-7)
+
+
+# ---- properties the mutation audit (experiments/audit/mutations_new_drafters.py) found unguarded ----
+
+def rms(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@torch.no_grad()
+def test_forward_is_z_labs_block_by_hand(models):
+    """One block, every position visible, written out from the weights: context = RMSNorm(fc(taps)); per layer,
+    queries of the normed block, keys and values of [context; normed block], q_norm/k_norm per head, RoPE,
+    softmax attention, o_proj, residual; then the MLP with its residual; the final norm."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    target, head = models
+    taps = one_forward.taps_of(target, head.feature_layers, [3, 9, 4, 11])
+    ids, eps = torch.tensor([[11] + [head.mask_token_id] * 4]), head.config.rms_norm_eps
+    positions = torch.arange(taps.shape[0] + 5)[None]
+    x = target.get_input_embeddings()(ids)[0].float()
+    context = rms(taps.float() @ head.fc.weight.float().T, head.hidden_norm.weight, eps)
+    cos, sin = (t[0] for t in head.rotary_emb(x[None], position_ids=positions))
+    for layer in head.layers:
+        a, hd = layer.self_attn, layer.self_attn.head_dim
+        h = rms(x, layer.input_layernorm.weight, eps)
+        both = torch.cat([context, h])
+        q = rms((h @ a.q_proj.weight.T).view(5, -1, hd), a.q_norm.weight, eps).transpose(0, 1)
+        k = rms((both @ a.k_proj.weight.T).view(len(both), -1, hd), a.k_norm.weight, eps).transpose(0, 1)
+        v = (both @ a.v_proj.weight.T).view(len(both), -1, hd).transpose(0, 1)
+        q, k = q * cos[-5:] + rotate_half(q) * sin[-5:], k * cos + rotate_half(k) * sin
+        k, v = (t.repeat_interleave(q.shape[0] // k.shape[0], 0) for t in (k, v))
+        attended = torch.softmax(q @ k.transpose(1, 2) / hd ** 0.5, -1) @ v
+        x = x + attended.transpose(0, 1).reshape(5, -1) @ a.o_proj.weight.T
+        x = x + layer.mlp(rms(x, layer.post_attention_layernorm.weight, eps))
+    out = head(ids, taps[None], position_ids=positions)[0]
+    torch.testing.assert_close(out, rms(x, head.norm.weight, eps), atol=1e-5, rtol=1e-4)
+
+
+def test_loss_is_each_slots_decayed_cross_entropy_on_the_token_it_stands_for(models):
+    """By hand, every candidate anchor a a block: slot k fitted to token t[a + k], counted when that token is an
+    answer token inside the row, weighted exp(-(k - 1) / gamma), the weighted mean."""
+    target, _ = models
+    head = tiny_dflash_head(target, seed=2, block_size=4).float()
+    tokens = torch.randint(32, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), LayerTap(target, head.feature_layers) as tap:
+        target(tokens)
+        taps = tap.read()
+    batch = {"tokens": tokens, "layer_features": taps, "features": taps, "valid": torch.ones_like(tokens).bool(),
+             "start": torch.tensor([5])}
+    loss, _ = dflash_loss(head, batch, num_anchors=64, gamma=2.0, with_stats=False)
+    anchors = torch.arange(4, 11)  # token a + 1 is an answer token (start 5)
+    out = block_forward(head, tokens[0], taps[0], anchors)
+    total = weights = 0.0
+    for i, a in enumerate(anchors.tolist()):
+        for k in range(1, 4):
+            if a + k <= 11:
+                ce = torch.nn.functional.cross_entropy(head.logits(out[i, k])[None], tokens[0, a + k][None])
+                total, weights = total + math.exp(-(k - 1) / 2.0) * ce, weights + math.exp(-(k - 1) / 2.0)
+    torch.testing.assert_close(loss, total / weights, atol=1e-5, rtol=1e-5)

@@ -2,8 +2,11 @@
 exactly the nodes the rule names. EAGLE-2's dynamic tree (and EAGLE-3's, the same drafter over a draft vocabulary)
 holds the best ``total_tokens`` nodes by path value of the layers it expanded, each layer grown from the ``top_k``
 best of the one before; EAGLE's static tree and Medusa's and Hydra's choice trees the ranked children their choices
-name; Token Recycling's tree the adjacency rows' top-k, the most recent rows winning; Lookahead's candidates the
-pool's most recent n-grams of the key; SpS the draft model's greedy chain at temperature 0.
+name; the one-forward drafters' (P-EAGLE, DFlash, PARD: one round, K planted distributions) the best ``total_tokens``
+(within the room left) of the nodes their choices name, node ``[r1, ..., rd]`` depth d's rd-th best token; Token
+Recycling's tree the adjacency rows' top-k, the most recent rows winning; Lookahead's candidates the pool's most
+recent n-grams of the key; SpS the draft model's greedy chain at temperature 0; the oracle the planted reference's
+next ``depth`` tokens while the output follows it (no more than the room), the target's greedy chain once it left.
 
 The planted logits: a Markov table ``NEXT[token]`` (the log-probabilities of a node's children given its token).
 EAGLE's head state (``eagle2.drafters.head_group.TreeHeads``) is replaced by one reading that table; Medusa's and
@@ -20,7 +23,11 @@ Negative controls (by hand), each failing the test named:
 - Token Recycling keeping a token's first row instead of its last:
   ``test_token_recycling_fills_the_template_from_the_latest_rows``;
 - the n-gram pool giving the oldest n-gram first: ``test_lookahead_candidates_are_the_most_recent_ngrams``;
-- SpS drafting the second-best token: ``test_sps_chain_is_the_draft_models_greedy_chain``.
+- SpS drafting the second-best token: ``test_sps_chain_is_the_draft_models_greedy_chain``;
+- P-EAGLE's round taking each depth's top-k worst first, every depth from depth 1's distribution, or a budget
+  ignoring the room: ``test_one_forward_tree_is_the_best_choice_nodes_by_path_value``;
+- the oracle proposing the reference one token late, or one token more than the room:
+  ``test_oracle_drafts_the_planted_continuation``.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ import torch
 from eagle2.core.sampling import SamplingParams
 from eagle2.drafters import eagle2_dynamic, eagle_static, hydra, medusa
 from eagle2.drafters.lookahead import LookaheadDrafter, LookaheadSettings, NgramPool
+from eagle2.drafters.oracle import OracleDrafter
+from eagle2.drafters.peagle import PEagleDrafter, default_choices
 from eagle2.drafters.sps import SpsDrafter
 from eagle2.drafters.token_recycling import TokenRecyclingDrafter
-from tests.conftest import tiny_llama
+from tests.conftest import tiny_llama, tiny_peagle_head
 from tests.test_drafter_selection import drafted
 
 V = 40  # the planted vocabulary
@@ -240,3 +249,49 @@ def test_sps_chain_is_the_draft_models_greedy_chain():
         for _ in range(4):  # the reference: full recomputes, no cache
             sequence.append(int(draft(torch.tensor([sequence])).logits[0, -1].argmax()))
     assert drafter.propose(30, 16).tokens.tolist() == sequence[len(prompt):]
+
+
+# ---- P-EAGLE, DFlash, PARD: one round's K planted distributions ----
+
+@pytest.mark.parametrize("choices, total, room", [
+    (default_choices(4, 3), 7, 64), (CHOICES, 64, 64), (CHOICES, 8, 6), (default_choices(3, 1), 8, 64)])
+def test_one_forward_tree_is_the_best_choice_nodes_by_path_value(choices, total, room):
+    """The tree the three one-forward drafters share (``PEagleDrafter.propose``; DFlash's and PARD's differ in the
+    forward only): node [r1, ..., rd] is depth d's rd-th best token, the best ``min(total, room - 1)`` nodes by path
+    value are kept (ties: shallower)."""
+    depth = max(len(c) for c in choices)
+    table = planted_table(30, depth, V)  # (K, V): depth d's log-probabilities
+    target = tiny_llama(vocab=V, layers=2, seed=0)
+    drafter = PEagleDrafter(tiny_peagle_head(target, para_depths=depth), "cpu", depth=depth, choices=choices,
+                            total_tokens=total)
+    drafter.vocab, drafter.parallel_log_probs = None, lambda: table  # the full vocabulary's columns
+    nodes = []
+    for choice in {tuple(c) for c in choices}:
+        picked = [ranked_children(table[d], V)[r] for d, r in enumerate(choice)]
+        nodes.append((tuple(t for t, _ in picked), sum(c for _, c in picked)))
+    nodes.sort(key=lambda node: (-node[1], len(node[0])))
+    assert set(drafted(drafter.propose(5, room))) == {path for path, _ in nodes[:min(total, room - 1)]}
+
+
+# ---- the oracle: the planted continuation, then the target's greedy chain ----
+
+def test_oracle_drafts_the_planted_continuation():
+    """A stored reference the target would never write (planted) is drafted as it stands, ``depth`` tokens at a time
+    and no more than the room; once the output leaves it the oracle drafts the target's own greedy chain."""
+    target = tiny_llama(vocab=64, seed=3)
+    prompt, reference = [5, 9, 2, 17], [30, 41, 7, 7, 12, 3, 60, 22, 1, 9]
+    oracle = OracleDrafter(target, depth=3, references={tuple(prompt): reference})
+    oracle.start(prompt, reference[0], None)
+    tree = oracle.propose(reference[0], 64)
+    assert tree.tokens.tolist() == reference[:4] and tree.meta["oracle_from_reference"] == 1
+    assert list(drafted(tree)) == [tuple(reference[1:2]), tuple(reference[1:3]), tuple(reference[1:4])]  # a chain
+    oracle.observe(reference[1:3], None)  # two accepted: the next chain starts behind them
+    assert oracle.propose(reference[2], 64).tokens.tolist() == reference[2:6]
+    assert oracle.propose(reference[2], 3).tokens.tolist() == reference[2:5]  # room for 2 drafts besides the root
+    oracle.observe([50], None)  # the output left the reference: the target's greedy continuation
+    sequence = prompt + reference[:3] + [50]
+    with torch.no_grad():
+        for _ in range(3):
+            sequence.append(int(target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    tree = oracle.propose(50, 64)
+    assert tree.tokens.tolist() == sequence[-4:] and tree.meta["oracle_from_reference"] == 0

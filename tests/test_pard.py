@@ -117,3 +117,29 @@ def test_loss_trains_every_depth(models, distill):
     assert {"top1", "top1_s2", "top1_s3", "top1_s4"} <= set(stats)
     assert stats["loss"] < first["loss"] - 0.1 and draft.mask_embedding.grad.abs().sum() > 0
 
+
+@pytest.mark.parametrize("distill", [True, False])
+def test_loss_is_the_mean_over_elements_of_each_slots_next_token_loss(models, distill):
+    """By hand, every anchor kept (shares 1): element (anchor a, depth d) stands at position p = a + d - 1, counted
+    when p counts, fitted to the target's next-token distribution softmax(lm_head(f[p])) (``distill``) or to the
+    token t[p + 1]; the loss is the mean over all elements (each depth weighted by its count)."""
+    from eagle2.training.objectives.peagle_head import cod_anchors
+
+    target, _ = models
+    draft = tiny_pard_draft(target, seed=2)
+    tokens = torch.randint(32, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        hidden = target.model(tokens).last_hidden_state
+    batch = {"tokens": tokens, "features": hidden, "valid": torch.ones_like(tokens).bool(), "start": torch.tensor([5])}
+    loss, _ = pard_loss(draft, batch, proj=LossProjection(target.get_output_embeddings()), ratio=1.0, floor=1.0,
+                        distill=distill, with_stats=False)
+    answer = torch.arange(11) >= 4  # position p counts when token p + 1 is an answer token (start 5)
+    out, anchor, depth = parallel_forward(draft, tokens[0], cod_anchors(answer, draft.para_depths, 1.0, 1.0, None))
+    terms = []
+    for row, p in enumerate((anchor + depth - 1).tolist()):
+        if answer[p]:
+            logp = torch.log_softmax(target.lm_head(out[row]).float(), -1)
+            want = torch.softmax(target.lm_head(hidden[0, p]).float(), -1) if distill else \
+                torch.nn.functional.one_hot(tokens[0, p + 1], 32).float()
+            terms.append(-(want * logp).sum())
+    torch.testing.assert_close(loss, torch.stack(terms).mean(), atol=1e-5, rtol=1e-5)

@@ -167,12 +167,14 @@ def run(cfg: DictConfig) -> dict:
     with ResultStore.for_config(cfg, chash) as store:  # one writer per rows file, released on any exit
         todo = [(q, t) for q in questions for t in range(len(q["turns"]))
                 if not store.finished(q["question_id"], t)]
-        print(f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
-              f"{len(todo)} turns to run -> {store.rows_path}", flush=True)
-        if todo:
+        plan = (f"[eagle2] {cfg.model.name} / {cfg.method.name} / {cfg.dataset.name}: {len(questions)} questions, "
+                f"{len(todo)} turns to run -> {store.rows_path}")
+        if todo:  # the weights' files and the prompts' lengths: a refusal is the run's only line
             fingerprints = drafter_fingerprints(cfg)
             check_same_weights(store, fingerprints)
             questions = fitting_questions(cfg, questions, load_tokenizer(cfg.model), store)  # before the target
+        print(plan, flush=True)
+        if todo:
             _decode_all(cfg, chash, store, questions, fingerprints)
         summary = summarize(store, questions)
     print(format_summary(cfg, summary), flush=True)
