@@ -58,26 +58,42 @@ def test_rows_verified_together_decide_together():
     assert meta["policy_choice"] == "draft" and meta["policy_draft_tps"] == pytest.approx(5.0)
 
 
-def test_probes_first_then_at_doubling_gaps_while_drafting_does_not_pay():
+def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
     row, prof, choices = policy.RowEstimate(), flat(1.0, 1.0), []
     for _ in range(40):
         choice = policy.decide(prof, [row], depth=1)["policy_choice"]
         choices.append(choice)
         if choice != "plain":
             row.learn(1, 4)  # each drafted round accepts nothing
-    probes = [i for i, c in enumerate(choices) if c == "probe"]
-    assert probes[0] == 0 and "draft" not in choices
-    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]
+    assert "draft" not in choices
+    starts = [i for i, c in enumerate(choices) if c == "probe" and (i == 0 or choices[i - 1] == "plain")]
+    assert starts[0] == 0 and all(choices[i:i + policy.PROBE_ROUNDS] == ["probe"] * policy.PROBE_ROUNDS
+                                  for i in starts)
+    gaps = [b - a - policy.PROBE_ROUNDS for a, b in zip(starts, starts[1:])]
     assert gaps == [policy.FIRST_GAP * 2 ** i for i in range(len(gaps))] and len(gaps) >= 2
 
 
-def test_a_round_that_pays_again_resets_the_probe_gap():
+def test_a_burst_that_finds_acceptance_back_drafts_and_resets_the_gap():
     row = known(1.0, 4)
     row.gap, row.plain_streak = 32, 32
-    assert policy.decide(flat(1.0, 0.1), [row], depth=1)["policy_choice"] == "probe"
-    row.learn(10, 4)  # the probe found acceptance back
+    for _ in range(policy.PROBE_ROUNDS):
+        assert policy.decide(flat(1.0, 0.1), [row], depth=1)["policy_choice"] == "probe"
+        row.learn(10, 4)  # the burst finds acceptance back
     assert policy.decide(flat(1.0, 0.1), [row], depth=1)["policy_choice"] == "draft"
     assert row.gap == policy.FIRST_GAP
+
+
+def test_one_short_round_does_not_turn_a_paying_row_plain():
+    """Break-even at 2.5 tokens a round (drafting costs 2.5 plain rounds): a row appending 3 a round keeps drafting
+    after one round that appends 1, and the first rounds count equally (no single round decides)."""
+    row = policy.RowEstimate()
+    for appended in (3, 3, 3, 3, 3, 3, 1):
+        row.learn(appended, 4)
+    assert policy.decide(flat(1.0, 1.5), [row], depth=1)["policy_choice"] == "draft"
+    first = policy.RowEstimate()
+    for appended in (1, 3, 3):
+        first.learn(appended, 4)
+    assert first.tokens == pytest.approx(7 / 3)
 
 
 def brute_force(values, prof, least):

@@ -10,10 +10,14 @@ only where drafting is predicted faster:
     draft:  sum over rows of E[tokens] / (T_draft + T_B(max q))      plain:  rows / T_B(1)
 
 Rows verified together decide together (one verify forward, padded to the largest tree); a row drafting alone
-decides for itself. A plain round learns nothing about acceptance, so after a run of plain rounds a probe round
-drafts again to refresh the estimate; the gap between probes doubles while drafting keeps not paying (``FIRST_GAP``
-up to ``LAST_GAP`` rounds) and is reset once it pays. A row with no estimate yet drafts (a probe). The decision
-reads nothing but the profile and the counts, so a seeded run stays reproducible.
+decides for itself. The running means are bias-corrected (the first drafted rounds are averaged equally, then an
+exponential mean with weight ``SMOOTHING``): one round's accepted length is a noisy draw (1 to depth + 1 tokens),
+and a mean that follows single rounds too closely crosses the break-even point by chance and skips rounds that
+pay. A plain round learns nothing about acceptance, so after a run of plain rounds a probe burst (``PROBE_ROUNDS``
+drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
+still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays. A row with no
+estimate yet starts with a burst. The decision reads nothing but the profile and the counts, so a seeded run stays
+reproducible.
 
 Each round's tree records the decision (``DraftTree.meta``, stored per round): ``policy_choice`` (``draft``,
 ``plain`` or ``probe``) and the predicted tokens per second of a drafting and of a plain round (None while a row
@@ -42,8 +46,9 @@ def resolved_policy(method_cfg, has_profile: bool) -> str:
     and ``always`` elsewhere; ``pays`` then measures a profile for any method (``eagle2.bench.policy_profile``)."""
     policy = str(method_cfg.get("policy") or "always")
     return ("pays" if has_profile else "always") if policy == "auto" else policy
-SMOOTHING = 0.3  # weight of the newest drafted round in a row's running estimate
-FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe: doubling from FIRST_GAP while drafting does not pay
+SMOOTHING = 0.1  # weight of the newest drafted round in a row's running estimate, once 1 / rounds is below it
+FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from FIRST_GAP while drafting does not pay
+PROBE_ROUNDS = 3  # drafted rounds of a probe burst
 
 
 @dataclass
@@ -52,18 +57,19 @@ class RowEstimate:
 
     tokens: float | None = None
     tree_size: float | None = None
+    rounds: int = 0  # drafted rounds learned from
     plain_streak: int = 0  # plain rounds since the last drafted one
-    gap: int = FIRST_GAP  # plain rounds before the next probe
+    gap: int = FIRST_GAP  # plain rounds before the next probe burst
+    probing: int = 0  # drafted rounds left in the current probe burst
 
     def learn(self, appended: int, tree_size: int) -> None:
-        if self.tokens is None:
-            self.tokens, self.tree_size = float(appended), float(tree_size)
-            return
-        self.tokens += SMOOTHING * (appended - self.tokens)
-        self.tree_size += SMOOTHING * (tree_size - self.tree_size)
+        self.rounds += 1
+        weight = max(SMOOTHING, 1.0 / self.rounds)  # the first rounds averaged equally (bias-corrected)
+        self.tokens = appended if self.tokens is None else self.tokens + weight * (appended - self.tokens)
+        self.tree_size = tree_size if self.tree_size is None else self.tree_size + weight * (tree_size - self.tree_size)
 
     def probe_due(self) -> bool:
-        return self.tokens is None or self.plain_streak >= self.gap
+        return self.tokens is None or self.probing > 0 or self.plain_streak >= self.gap
 
 
 def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -> tuple[float, float]:
@@ -81,11 +87,14 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
     for r in rows:
-        if choice == "plain":
-            r.plain_streak += 1
-        else:
-            r.gap = FIRST_GAP if choice == "draft" else min(2 * r.gap, LAST_GAP) if r.tokens is not None else r.gap
-            r.plain_streak = 0
+        if choice == "probe":
+            if r.probing == 0:  # a burst starts; after one that did not pay (a plain streak), the next waits longer
+                r.probing = PROBE_ROUNDS
+                r.gap = min(2 * r.gap, LAST_GAP) if r.plain_streak >= r.gap else r.gap
+            r.probing -= 1
+        elif choice == "draft":
+            r.gap = FIRST_GAP
+        r.plain_streak = r.plain_streak + 1 if choice == "plain" else 0
     return {"policy_choice": choice, "policy_draft_tps": rates[0], "policy_plain_tps": rates[1]}
 
 
