@@ -82,6 +82,7 @@ def entry_points(env: dict) -> list[subprocess.CompletedProcess]:
     return [subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300) for c in commands]
 
 
+@pytest.mark.entrypoint  # run.py and the reports in subprocesses
 def test_run_py_and_the_reports_import_hydra_from_the_gpu_site(tmp_path):
     runs = entry_points(bare_node(tmp_path, with_site=True))
     assert [r.returncode for r in runs] == [0, 0, 0], [r.stderr[-2000:] for r in runs]

@@ -7,7 +7,8 @@ samples through the real engine and is compared with it by a chi-square test (ce
 pooled; threshold fixed in advance: pass when p > 1e-3). Negative controls — deliberately broken rules — run
 through the very same check and must be rejected (p < 1e-6). Rule-level tests certify ``accept_stochastic``
 alone with far more samples. Sampling cannot see a small bias: ``test_certification_exact.py`` enumerates
-one round exactly (same models and methods); this file stays the end-to-end check over several rounds. The
+one round exactly (same models and methods); this file stays the end-to-end check over several rounds,
+run in CI after make test (``make test-heavy``; make test keeps the rule-level checks). The
 per-method check also runs on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py), against the
 exact distribution of the target in that dtype on that device.
 """
@@ -107,13 +108,10 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
 
 
-# make test keeps one end-to-end chi-square (EAGLE-2 at T=1, with its negative control below): every method's
-# round is certified exactly by default (test_certification_exact), and make test has a five-minute budget; the
-# other methods and settings run in CI after it (heavy), eagle3's with the slow ones
+# the chi-square over several rounds runs in CI after make test (heavy), eagle3's with the slow ones: make test has a
+# five-minute budget, and every method's round is certified exactly by default (test_certification_exact)
 def chi_square_case(name: str, params_id: str):
-    if name == "eagle3":
-        return pytest.param(name, params_id, marks=pytest.mark.slow)
-    return pytest.param(name, params_id, marks=() if (name, params_id) == ("eagle2", "T1") else pytest.mark.heavy)
+    return pytest.param(name, params_id, marks=pytest.mark.slow if name == "eagle3" else pytest.mark.heavy)
 
 
 PARAM_IDS = {"T1": PARAMS[0], "T0.7-p0.9-k6": PARAMS[1]}
@@ -173,10 +171,9 @@ def _q_is_one(tree, p_target, generator):
     return path, int(torch.multinomial(p_target[node], 1, generator=generator))
 
 
-@pytest.mark.parametrize("control,method", [("always_accept", "eagle2"),  # the default chi-square's control
-                                            *[pytest.param(*case, marks=pytest.mark.heavy) for case in
-                                              [("always_accept", "sps"), ("q_is_one", "sps"),
-                                               ("sibling_visible_mask", "eagle")]]])
+@pytest.mark.heavy  # the controls of the chi-square above, in CI with it
+@pytest.mark.parametrize("control,method", [("always_accept", "eagle2"), ("always_accept", "sps"),
+                                            ("q_is_one", "sps"), ("sibling_visible_mask", "eagle")])
 def test_negative_control_is_rejected(models, monkeypatch, control, method):
     target, draft, head = models
     if control == "always_accept":

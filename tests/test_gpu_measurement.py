@@ -90,6 +90,7 @@ def _oom(*_args, **_kwargs):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (fake, raised by a test)")
 
 
+@pytest.mark.heavy  # a sweep on SmolLM2: in CI after make test
 def test_cuda_oom_in_a_sweep_cell_is_a_failed_row_and_the_sweep_goes_on(tmp_path, smollm2, monkeypatch):
     """A three-cell sweep (``run.py -m``, in this process): SpS runs out of memory loading its draft, EAGLE-2
     in every tree verification (a fake forward), plain decoding is untouched. Each OOM is a failed row,

@@ -158,6 +158,7 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert str(missing) in (tmp_path / "report" / "summary.md").read_text()
 
 
+@pytest.mark.entrypoint  # run.py in a subprocess
 def test_single_run_failure_exits_nonzero_with_one_message(tmp_path):
     out = run_py("method=sps", "dataset.limit=1", *COMMON, f"paths.results={tmp_path}",
                  f"model.sps_draft={unloadable_weights(tmp_path / 'no_draft')}", f"hydra.run.dir={tmp_path / 'hydra'}")
