@@ -46,6 +46,8 @@ def resolved_policy(method_cfg, has_profile: bool) -> str:
     and ``always`` elsewhere; ``pays`` then measures a profile for any method (``eagle2.bench.policy_profile``)."""
     policy = str(method_cfg.get("policy") or "always")
     return ("pays" if has_profile else "always") if policy == "auto" else policy
+
+
 SMOOTHING = 0.1  # weight of the newest drafted round in a row's running estimate, once 1 / rounds is below it
 FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from FIRST_GAP while drafting does not pay
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
