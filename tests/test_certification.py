@@ -110,17 +110,12 @@ PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=6)]
 
 # the chi-square over several rounds runs in CI after make test (heavy), eagle3's with the slow ones: make test has a
 # five-minute budget, and every method's round is certified exactly by default (test_certification_exact)
-def chi_square_case(name: str, params_id: str):
-    return pytest.param(name, params_id, marks=pytest.mark.slow if name == "eagle3" else pytest.mark.heavy)
+CHI_SQUARE = [pytest.param(n, marks=pytest.mark.slow if n == "eagle3" else pytest.mark.heavy) for n in METHODS]
 
 
-PARAM_IDS = {"T1": PARAMS[0], "T0.7-p0.9-k6": PARAMS[1]}
-
-
-@pytest.mark.parametrize("name,params_id", [chi_square_case(n, p) for p in PARAM_IDS for n in METHODS],
-                         ids=[f"{p}-{n}" for p in PARAM_IDS for n in METHODS])
-def test_method_matches_target_distribution(models_on, name, params_id):
-    params = PARAM_IDS[params_id]
+@pytest.mark.parametrize("name", CHI_SQUARE)
+@pytest.mark.parametrize("params", PARAMS, ids=["T1", "T0.7-p0.9-k6"])
+def test_method_matches_target_distribution(models_on, name, params):
     target, draft, head = models_on
     counts = sample_counts(target, METHODS[name], params, 2500, seed=11, draft=draft, head=head)
     assert chi_square_p(counts, exact_distribution(target, params)) > PASS_P
