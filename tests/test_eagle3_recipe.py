@@ -138,3 +138,26 @@ def test_taps_and_eagle31_settings_build_the_head(target, corpus):  # noqa: F811
     assert extra["taps"] == [1, 3, 4] and extra["eagle31_norms"] and extra["mask_out_of_vocab"]
     _, _, default = eagle3_setup(target, corpus, eagle3_cfg())
     assert not {"taps", "eagle31_norms", "mask_out_of_vocab"} & set(default)  # older checkpoints resume
+
+
+def test_unrolled_loss_reads_each_steps_own_target_positions(target, corpus):  # noqa: F811
+    """unroll 3 with the out-of-vocabulary mask and step decay: the loss (its target side computed once per
+    position) equals the steps' losses computed by hand, each from the target at its own positions j + s."""
+    from eagle2.training.support.losses import LogitsSoftCrossEntropy, answer_positions, unrolled_predictions
+
+    head, _, _ = eagle3_setup(target, corpus, eagle3_cfg(draft_vocab_size=12))
+    proj = LossProjection(target.get_output_embeddings(), torch.float32)
+    batch = collate(all_sequences(corpus)[:4], None)
+    loss, _ = eagle3_loss(head, batch, proj=proj, unroll=3, step_decay=0.8, mask_out_of_vocab=True,
+                          train=True, with_stats=False)
+    weight = proj.weight[head.draft_token_ids()]
+    by_hand, weights = [], []
+    for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
+                                                answer_positions(batch), 3):
+        y = batch["features"][:, step:][sel]
+        keep = in_draft_vocab(head, proj, y)
+        q = torch.softmax(y[keep] @ weight.T, -1)
+        by_hand.append(LogitsSoftCrossEntropy.apply(head.drafting_lm_head()(pred[sel][keep]), q))
+        weights.append(0.8 ** (step - 1))
+    expected = sum(w * part for w, part in zip(weights, by_hand)) / sum(weights)
+    torch.testing.assert_close(loss, expected)

@@ -67,6 +67,25 @@ def in_draft_vocab(head, proj: LossProjection, y: torch.Tensor, chunk: int = 102
     return head.t2d.to(argmax.device)[argmax]
 
 
+def per_position_targets(head, proj: LossProjection, feats: torch.Tensor, answer: torch.Tensor, unroll: int,
+                         draft_weight: torch.Tensor, with_mask: bool):
+    """The target's draft-vocabulary distribution (B, L, V_draft) at every position some unroll step fits
+    (step ``s`` fits position ``j + s`` for answer position ``j``), and with ``with_mask`` whether its full-vocabulary
+    argmax has a draft id there (``in_draft_vocab``; else None): computed once per position, not once per step."""
+    used = torch.zeros(feats.shape[:2], dtype=torch.bool, device=feats.device)
+    for step in range(1, unroll + 1):
+        if answer.shape[1] - step + 1 > 0:
+            used[:, step:] |= answer[:, step - 1:]
+    y = feats[used]
+    q = feats.new_zeros((*feats.shape[:2], draft_weight.shape[0]), dtype=torch.float32)
+    q[used] = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
+    if not with_mask:
+        return q, None
+    keep = torch.zeros_like(used)
+    keep[used] = in_draft_vocab(head, proj, y)
+    return q, keep
+
+
 def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unroll_cls_fraction: float = 1.0,
                 step_decay: float = 1.0, mask_out_of_vocab: bool = False, generator: torch.Generator | None = None,
                 train: bool = True, with_stats: bool = True):
@@ -88,27 +107,29 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
     ids = head.draft_token_ids()
     draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
     readout = head.drafting_lm_head()
+    answer = answer_positions(batch)
+    with torch.no_grad():  # the target side of every step, once per position (step s reads positions j + s)
+        target_q, target_keep = per_position_targets(head, proj, feats, answer, unroll, draft_weight,
+                                                     mask_out_of_vocab and train)
     losses, stats = [], {}
     for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
-                                                answer_positions(batch), unroll):
+                                                answer, unroll):
         n = int(sel.sum())
         if n == 0:
             continue
-        p, y = pred[sel], feats[:, step:][sel]
+        p, y, q = pred[sel], feats[:, step:][sel], target_q[:, step:][sel]
+        keep = None if target_keep is None else target_keep[:, step:][sel]
         pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         if pick is not None:
-            p, y = p[pick], y[pick]
-        if mask_out_of_vocab and train:
-            with torch.no_grad():
-                keep = in_draft_vocab(head, proj, y)
+            p, y, q = p[pick], y[pick], q[pick]
+            keep = None if keep is None else keep[pick]
+        if keep is not None:
             if step == 1:
                 stats["oov"] = 1.0 - float(keep.float().mean())
             if not bool(keep.any()):
                 continue
-            p, y = p[keep], y[keep]
+            p, y, q = p[keep], y[keep], q[keep]
         logits = readout(p)
-        with torch.no_grad():
-            q = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
         ce = LogitsSoftCrossEntropy.apply(logits, q)
         losses.append(ce)
         if with_stats:
