@@ -107,3 +107,21 @@ def test_summary_percentiles_and_goodput():
     assert out["tpot_p90_s"] == pytest.approx(0.5)
     assert out["goodput_requests_per_s"] == pytest.approx(3 / 5.0)
     assert serving_stats.percentile([], 50) is None and serving_stats.percentile([7.0], 99) == 7.0
+
+
+def test_the_page_sets_each_method_against_plain_at_the_same_rate(tmp_path):
+    import pandas as pd
+
+    from analysis import serving as report
+
+    def line(method, fraction, p50, tps, goodput):
+        return {"method": method, "rate_fraction": fraction, "e2e_p50_s": p50, "throughput_tokens_per_s": tps,
+                "goodput_requests_per_s": goodput}
+    table = pd.DataFrame([line("plain", 0.5, 4.0, 100.0, 0.2), line("plain", 1.0, 8.0, 120.0, 0.1),
+                          line("eagle2 [policy=pays]", 0.5, 3.0, 100.0, 0.25),
+                          line("eagle2 [policy=pays]", 1.0, 9.0, 126.0, 0.0), line("eagle2", 0.75, 1.0, 1.0, 1.0)])
+    ratios = report.against_plain(table).set_index("rate_fraction")
+    assert list(ratios.index) == [0.5, 1.0]  # a rate plain did not run has nothing to compare with
+    assert ratios.loc[0.5, "e2e_p50 / plain"] == pytest.approx(0.75)
+    assert ratios.loc[1.0, "throughput / plain"] == pytest.approx(1.05)
+    assert ratios.loc[0.5, "goodput / plain"] == pytest.approx(1.25) and ratios.loc[1.0, "goodput / plain"] == 0.0
