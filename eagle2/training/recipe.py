@@ -4,8 +4,8 @@ module's ``SOURCE``), the training objectives (``objectives/``, each ``OBJECTIVE
 ``all`` runs the sources, then the objectives, that have an ``order``, in it, then eval; the others run
 when named. ``stage_table`` lists them all (``train_head.py stage=list``).
 
-The preflight (``check_inputs``) runs before the target loads: the settings every stage shares (``threads``,
-``model.dtype``: ``eagle2.bench.validation``), then each stage's inputs that an earlier stage of the same command
+The preflight (``check_inputs``) runs before the target loads (``train_head.py`` checks the settings it shares
+with ``run.py`` first: ``threads``, ``model.dtype``): each stage's inputs that an earlier stage of the same command
 does not make (a source's settings, the files its section names, the shards of the source it reads; an
 objective's corpus, settings (its ``check``), the weights it starts from (its ``weights``, and those of the stages
 it ``reads``) and ``resume_dir`` state; the kinds eval measures and their exports), and that no section's
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from eagle2.bench.validation import validate_process_settings
 from eagle2.heads.locations import check_weights_location
 from eagle2.training.corpora import sources
 from eagle2.training.evaluation.stage import check_kinds, eval_stage
@@ -112,7 +111,6 @@ def _check_source(source, cfg, root: Path, before: set[str]) -> None:
 def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
     """Raise one ``PreflightError`` for the first input of ``stages`` that is missing or unreadable (module
     docstring); an input that an earlier stage of ``stages`` makes is not looked for."""
-    validate_process_settings(cfg)
     for i, stage in enumerate(stages):
         before = set(stages[:i])
         if stage in SOURCES:
