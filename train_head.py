@@ -25,6 +25,7 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from eagle2.bench.models import load_target
+    from eagle2.bench.validation import validate_process_settings
     from eagle2.training.loop import WorldSizeMismatch
     from eagle2.training.recipe import DATA_PARALLEL_STAGES, check_inputs, run_stages, stage_table, stages_of
     from eagle2.training.support import distributed
@@ -34,7 +35,8 @@ def main(cfg: DictConfig) -> None:
         print(stage_table())
         return
     root = Path(__file__).resolve().parent  # relative paths in the config are relative to the project
-    try:  # an unknown stage, or a stage's missing or unreadable input: one line, before the target loads
+    try:  # a bad setting, an unknown stage, or a stage's missing or unreadable input: one line, before the target loads
+        validate_process_settings(cfg)  # threads, model.dtype (as run.py checks them)
         stages = stages_of(cfg.stage)
         check_inputs(cfg, root, stages)
     except ValueError as exc:

@@ -24,11 +24,15 @@ def config(*overrides):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    """Fail loudly if anything tries to load a model."""
+    """Fail loudly if anything tries to load a model (the runner's import of the loader, and the loader where
+    ``train_head.py`` imports it from when it runs)."""
+    from eagle2.bench import models
+
     def refuse(*_args, **_kw):
         raise AssertionError("a model was loaded before the config was checked")
 
     monkeypatch.setattr(runner, "load_target", refuse)
+    monkeypatch.setattr(models, "load_target", refuse)
 
 
 BAD_VALUES = [

@@ -105,13 +105,21 @@ def validate_drafter_settings(method: DictConfig) -> None:
         raise _bad(f"method.{key}", value, f"{valid} (conf/method/{spec.name}.yaml)")
 
 
+def validate_process_settings(cfg: DictConfig) -> None:
+    """The settings ``run.py`` and ``train_head.py`` share: ``threads`` and the target's ``model.dtype``."""
+    _int("threads", cfg.get("threads"), 1, nullable=True, null_means="torch's default")
+    dtype = cfg.model.get("dtype", "auto")
+    if str(dtype) != "auto" and str(dtype) not in DTYPES:
+        raise _bad("model.dtype", dtype, f"auto or one of {', '.join(DTYPES)}")
+
+
 def validate_run_config(cfg: DictConfig) -> None:
     """Raise one clear error for the first bad value of a run config (see the module docstring)."""
     unknown = unknown_key_message(cfg)  # a key no config group has (Hydra's + lets it through)
     if unknown:
         raise ConfigError(unknown)
     _int("max_new_tokens", cfg.get("max_new_tokens"), 1)
-    _int("threads", cfg.get("threads"), 1, nullable=True, null_means="torch's default")
+    validate_process_settings(cfg)
     _int("warmup_tokens", cfg.get("warmup_tokens"), 0, nullable=True, null_means="no warm-up")
     _int("batch_size", cfg.get("batch_size", 1), 1)
     if cfg.get("too_long_prompts", "fail") not in POLICIES:
@@ -131,9 +139,6 @@ def validate_run_config(cfg: DictConfig) -> None:
 
     validate_method_config(cfg.method)
 
-    dtype = cfg.model.get("dtype", "auto")
-    if str(dtype) != "auto" and str(dtype) not in DTYPES:
-        raise _bad("model.dtype", dtype, f"auto or one of {', '.join(DTYPES)}")
     kernels = cfg.model.get("kernels", "auto")
     if kernels not in KERNELS:
         raise _bad("model.kernels", kernels, " or ".join(KERNELS))

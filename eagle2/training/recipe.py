@@ -4,11 +4,13 @@ module's ``SOURCE``), the training objectives (``objectives/``, each ``OBJECTIVE
 ``all`` runs the sources, then the objectives, that have an ``order``, in it, then eval; the others run
 when named. ``stage_table`` lists them all (``train_head.py stage=list``).
 
-The preflight (``check_inputs``) runs before the target loads: each stage's inputs that an earlier stage of
-the same command does not make (a source's settings, the files its section names, the shards of the source
-it reads; an objective's corpus, ``resume_dir`` state and settings (its ``check``); the exports eval measures).
-Each problem is one ``PreflightError`` line naming the config key, the path and the stage that makes it; none
-needs a model.
+The preflight (``check_inputs``) runs before the target loads (``train_head.py`` checks the settings it shares
+with ``run.py`` first: ``threads``, ``model.dtype``): each stage's inputs that an earlier stage of the same command
+does not make (a source's settings, the files its section names, the shards of the source it reads; an
+objective's corpus, settings (its ``check``), the weights it starts from (its ``weights``, and those of the stages
+it ``reads``) and ``resume_dir`` state; the kinds eval measures and their exports), and that no section's
+``out_dir`` or ``resume_dir`` names a file. Each problem is one ``ValueError`` line (``PreflightError``, or the
+checker's own) naming the config key, the path and the stage that makes it; none needs a model.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from eagle2.heads.locations import check_weights_location
 from eagle2.training.corpora import sources
-from eagle2.training.evaluation.stage import eval_stage
+from eagle2.training.evaluation.stage import check_kinds, eval_stage
 from eagle2.training.objectives import objectives
 from eagle2.training.support import distributed
 from eagle2.training.support.warm_state import read_warm_state
@@ -29,6 +32,7 @@ STAGES = tuple(d.stage for d in (*SOURCES.values(), *OBJECTIVES.values()) if d.o
 EXTRA_STAGES = tuple(d.stage for d in (*SOURCES.values(), *OBJECTIVES.values()) if d.order is None)  # named only
 DATA_PARALLEL_STAGES = tuple(o.stage for o in OBJECTIVES.values() if o.data_parallel)  # torchrun may run these
 CORPUS_PATTERNS = ("shard_*.safetensors", "tokens_*.npz")  # feature shards, or token shards (online features)
+FOLDER_KEYS = ("out_dir", "resume_dir")  # in any stage's section: a folder the stage writes, or resumes from
 
 
 class PreflightError(ValueError):
@@ -58,9 +62,33 @@ def stage_table() -> str:
 
 
 def _need_corpus(folder: Path, key: str, stage: str, made_by: str) -> None:
+    if folder.is_file():
+        raise PreflightError(f"stage={stage} trains on {key}={folder}, which is a file: give the corpus folder "
+                             f"(train_head.py stage={made_by} makes one)")
     if not any(any(folder.glob(pattern)) for pattern in CORPUS_PATTERNS):
         raise PreflightError(f"stage={stage} trains on {key}={folder}, which holds no corpus shards "
                              f"({' or '.join(CORPUS_PATTERNS)}): build it first with train_head.py stage={made_by}")
+
+
+def _check_folders(section, key: str, root: Path) -> None:
+    """The section ``key``'s ``FOLDER_KEYS``: not a file."""
+    for name in FOLDER_KEYS:
+        value = (section or {}).get(name)
+        if value and (root / value).is_file():
+            raise PreflightError(f"{key}.{name}={value} is a file; give a folder (the stage writes there)"
+                                 if name == "out_dir" else f"{key}.{name}={value} is a file; give the folder of a "
+                                 "training state (resume.json), or null to start afresh")
+
+
+def _check_weights(objective, cfg, root: Path) -> None:
+    """The weights folders the sections of ``objective`` and of the stages it reads name (its ``weights``)."""
+    for stage in (objective.stage, *(objective.reads(cfg.train) if objective.reads else ())):
+        section = cfg.train.get(stage) or {}
+        for key in OBJECTIVES[stage].weights:
+            location = section.get(key)
+            if location:  # relative: to the working directory as the loaders read it, else to the project
+                check_weights_location(location if Path(location).exists() else root / location,
+                                       f"train.{stage}.{key}")
 
 
 def _check_source(source, cfg, root: Path, before: set[str]) -> None:
@@ -69,6 +97,7 @@ def _check_source(source, cfg, root: Path, before: set[str]) -> None:
     if section is None:
         raise PreflightError(f"stage={source.stage} reads its settings from {source.settings}, which this "
                              f"train config ({cfg.train.get('name')}) does not have")
+    _check_folders(section, source.settings, root)
     for key in source.files:
         value = section.get(key)
         missing = [p for p in ([value] if isinstance(value, str) else value or []) if not (root / p).is_file()]
@@ -92,23 +121,24 @@ def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
             _need_corpus(root / OmegaConf.select(cfg, key), key, stage, "corpus")
         if stage == "eval":
             _check_exports(cfg, root, before)
-        if objective is not None:
-            read_warm_state((cfg.train.get(stage) or {}).get("resume_dir"))  # raises WarmStateError
         if objective is not None and objective.check is not None:
             try:
                 objective.check(cfg)
             except ValueError as error:
                 raise PreflightError(f"stage={stage}: {error}") from None
+        if objective is not None:
+            _check_folders(cfg.train.get(stage), f"train.{stage}", root)
+            _check_weights(objective, cfg, root)  # raises WeightLocationError
+            read_warm_state((cfg.train.get(stage) or {}).get("resume_dir"))  # raises WarmStateError
 
 
 def _check_exports(cfg, root: Path, before: set[str]) -> None:
     """The exported artifacts ``train.eval.kinds`` measures, unless this command trains them first."""
-    from eagle2.heads.locations import check_weights_location
-
+    check_kinds(cfg.train.eval.kinds)
     for kind in cfg.train.eval.kinds:
         export_key, stage = getattr(OBJECTIVES.get(str(kind)), "export_key", None), str(kind)
         if export_key is None or stage in before:
-            continue  # an unknown kind is the eval stage's own one-line error
+            continue
         location = cfg.train.export.get(export_key)
         folder = root / location if location else None
         if folder is None or not folder.is_dir():

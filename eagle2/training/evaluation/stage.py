@@ -14,13 +14,18 @@ from eagle2.training.evaluation.heldout import mtbench
 from eagle2.training.objectives import objectives
 
 
+def check_kinds(kinds) -> None:
+    """``train.eval.kinds``: objectives that declare an ``evaluate`` (one ValueError line otherwise)."""
+    known = [o.stage for o in objectives().values() if o.evaluate]
+    if any(k not in known for k in kinds):
+        raise ValueError(f"train.eval.kinds must list some of {', '.join(known)}, not {list(kinds)}")
+
+
 def eval_stage(target, tokenizer, cfg, root: Path, kinds=None) -> dict:
     """Measure the exports of ``kinds`` (default ``train.eval.kinds``; module docstring); returns their metrics."""
     ev, export = cfg.train.eval, cfg.train.export
     kinds = tuple(kinds or ev.kinds)
-    known = [o.stage for o in objectives().values() if o.evaluate]
-    if any(k not in known for k in kinds):
-        raise ValueError(f"train.eval.kinds must list some of {', '.join(known)}, not {list(kinds)}")
+    check_kinds(kinds)
     sets = {"mt_bench": all_sequences(mtbench(target, tokenizer, cfg, root))}
     corpus = root / cfg.train.corpus.out_dir
     if any(corpus.glob("shard_*.safetensors")):  # (the key's name is historical: the corpus's held-out shards)

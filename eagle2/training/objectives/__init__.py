@@ -3,10 +3,11 @@
 A module of this package that declares ``OBJECTIVE = Objective(...)`` is a ``train_head.py`` stage of that
 name; its settings are the section of the same name in ``conf/train/*.yaml``. ``objectives()`` discovers them
 by importing the package's modules, so a new objective is its module and its config section, nothing else to
-register: the recipe runs it (in ``stage=all`` at its ``order``), the preflight checks its corpus and its
-``resume_dir``, torchrun may run it (``data_parallel``), and with ``export_key``, ``family`` and ``evaluate`` the
-eval stage measures its export. ``train_objective`` is the part every objective's training shares: the corpus
-split, online features for a token corpus, the loop (``loop.fit``), the shards it read.
+register: the recipe runs it (in ``stage=all`` at its ``order``), the preflight checks its corpus, its
+``resume_dir`` and the weights it starts from (``weights``), torchrun may run it (``data_parallel``), and with
+``export_key``, ``family`` and ``evaluate`` the eval stage measures its export. ``train_objective`` is the part
+every objective's training shares: the corpus split, online features for a token corpus, the loop
+(``loop.fit``), the shards it read.
 
 **Joining a joint run** (``objectives/joint.py``: several heads trained on the same batches from ONE target
 forward each): an objective declares ``member=Member(setup, export, chain)``, and ``train.joint.heads`` may then
@@ -65,6 +66,9 @@ class Objective:
     evaluate: Callable | None = None  # (module, target, sequences, train.eval) -> metrics
     member: Member | None = None  # how it trains inside a joint run (None: it cannot join one)
     check: Callable | None = None  # (cfg) -> None: its settings checked before the target loads (ValueError, one line)
+    weights: tuple[str, ...] = ()  # keys of train.<stage> naming a weights folder it starts from (null: none; checked
+    #                                 from the files before the target loads)
+    reads: Callable | None = None  # (train cfg) -> other stages whose sections it builds from (whose ``weights`` too)
 
 
 @lru_cache(maxsize=None)

@@ -181,4 +181,4 @@ def head_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
 
 OBJECTIVE = Objective("head", "head", head_stage, order=1, export_key="head", family=FAMILY, evaluate=evaluate_head,
-                      member=Member(eagle_setup, export_head, head_chain_of))
+                      member=Member(eagle_setup, export_head, head_chain_of), weights=("init_from",))

@@ -238,4 +238,4 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
 OBJECTIVE = Objective("eagle3", "EAGLE-3 head", eagle3_stage, order=2, export_key="eagle3_head",
                       family=FAMILY, evaluate=evaluate_eagle3_head,
-                      member=Member(eagle3_setup, export_eagle3, eagle3_chain_of))
+                      member=Member(eagle3_setup, export_eagle3, eagle3_chain_of), weights=("init_from",))

@@ -64,4 +64,4 @@ def hass_stage(target, tokenizer, cfg, root: Path) -> Path | None:
 
 
 OBJECTIVE = Objective("hass", "HASS head", hass_stage, export_key="hass_head", family=FAMILY, evaluate=evaluate_head,
-                      member=Member(hass_setup, export_hass, head_chain_of))
+                      member=Member(hass_setup, export_hass, head_chain_of), weights=("init_from",))

@@ -170,4 +170,5 @@ def check_joint(cfg) -> None:
     joint_members(cfg.train)
 
 
-OBJECTIVE = Objective("joint", "jointly trained heads (train.joint.heads)", joint_stage, check=check_joint)
+OBJECTIVE = Objective("joint", "jointly trained heads (train.joint.heads)", joint_stage, check=check_joint,
+                      reads=lambda train: tuple(joint_members(train)))

@@ -148,4 +148,4 @@ def export_pard(draft, summary: dict, cfg, root: Path, section: str = "pard_draf
 # its stage only: no ``member=``, it joins no joint run (module docstring)
 OBJECTIVE = Objective("pard_draft", "PARD draft", solo_stage("pard_draft", "pard",
                                                              Member(pard_setup, export_pard, pard_chain_of)),
-                      export_key="pard_draft", family=FAMILY, evaluate=evaluate_pard_draft)
+                      export_key="pard_draft", family=FAMILY, evaluate=evaluate_pard_draft, weights=("init_from",))
