@@ -59,6 +59,13 @@ TABLE = [  # (overrides, a file to make: (name, maker) or None, what the one lin
     (["stage=head", "threads=-2"], None, "threads=-2 is invalid"),
     (["stage=head", "model.dtype=int4"], None, "model.dtype='int4' is invalid: must be auto or one of"),
     (["stage=eval", "train.eval.kinds=[nosuch]"], None, "train.eval.kinds must list some of head, eagle3"),
+    (["stage=head", "train.head.epochs=0"], None, "stage=head: train.head.epochs=0 is invalid: must be an integer"),
+    (["stage=eagle3", "train.eagle3.lr=-1"], None, "train.eagle3.lr=-1 is invalid: must be a number > 0"),
+    (["stage=joint", "train.joint.val_fraction=1.5"], None, "train.joint.val_fraction=1.5 is invalid"),
+    (["stage=draft", "train.draft.token_budget=0.5"], None, "train.draft.token_budget=0.5 is invalid"),
+    (["stage=hass", "train.hass.betas=[0.9,1.2]"], None, "train.hass.betas=[0.9, 1.2] is invalid"),
+    (["stage=head", "train.head.best_by=loss2"], None, "train.head.best_by='loss2' is invalid: must be last or one of"),
+    (["stage=head", "train.head.max_steps=0"], None, "train.head.max_steps=0 is invalid: must be an"),
 ]
 
 
@@ -102,3 +109,19 @@ def test_good_inputs_pass_the_preflight_and_reach_the_target(overrides, tmp_path
     """The control: the same entry with good inputs gets past every check to the target's load."""
     with pytest.raises(AssertionError, match="a model was loaded"):
         run_train_head(_argv(overrides, tmp_path, corpus))
+
+
+def test_every_shipped_training_section_passes_the_loop_settings_check():
+    """The loop's rule table (``support.loop_settings``) refuses none of the shipped train configs' sections."""
+    from eagle2.training.objectives import objectives
+    from eagle2.training.support.loop_settings import check_loop_settings
+
+    checked = 0
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        for path in sorted((ROOT / "conf" / "train").glob("*.yaml")):
+            cfg = compose("train_head", overrides=[f"train={path.stem}"])
+            for stage in objectives():
+                if cfg.train.get(stage) is not None:
+                    check_loop_settings(cfg.train[stage], f"train.{stage}")
+                    checked += 1
+    assert checked >= 50

@@ -4,13 +4,14 @@ module's ``SOURCE``), the training objectives (``objectives/``, each ``OBJECTIVE
 ``all`` runs the sources, then the objectives, that have an ``order``, in it, then eval; the others run
 when named. ``stage_table`` lists them all (``train_head.py stage=list``).
 
-The preflight (``check_inputs``) runs before the target loads (``train_head.py`` checks the settings it shares
-with ``run.py`` first: ``threads``, ``model.dtype``): each stage's inputs that an earlier stage of the same command
-does not make (a source's settings, the files its section names, the shards of the source it reads; an
-objective's corpus, settings (its ``check``), the weights it starts from (its ``weights``, and those of the stages
-it ``reads``) and ``resume_dir`` state; the kinds eval measures and their exports), and that no section's
-``out_dir`` or ``resume_dir`` names a file. Each problem is one ``ValueError`` line (``PreflightError``, or the
-checker's own) naming the config key, the path and the stage that makes it; none needs a model.
+The preflight (``check_inputs``) runs before the target loads (``train_head.py`` checks the settings it shares with
+``run.py`` first: ``threads``, ``model.dtype``): each stage's inputs that an earlier stage of the same command does
+not make (a source's settings, the files its section names, the shards of the source it reads; an objective's
+corpus, its loop's settings (``support.loop_settings``) and its own (its ``check``), the weights it starts from
+(its ``weights``, and those of the stages it ``reads``) and ``resume_dir`` state; the kinds eval measures and their
+exports), and that no section's ``out_dir`` or ``resume_dir`` names a file. Each problem is one ``ValueError`` line
+(``PreflightError``, or the checker's own) naming the config key, the path and the stage that makes it; none needs
+a model.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from eagle2.training.corpora import sources
 from eagle2.training.evaluation.stage import check_kinds, eval_stage
 from eagle2.training.objectives import objectives
 from eagle2.training.support import distributed
+from eagle2.training.support.loop_settings import check_loop_settings
 from eagle2.training.support.warm_state import read_warm_state
 
 SOURCES = sources()
@@ -121,9 +123,11 @@ def check_inputs(cfg, root: Path, stages: tuple[str, ...]) -> None:
             _need_corpus(root / OmegaConf.select(cfg, key), key, stage, "corpus")
         if stage == "eval":
             _check_exports(cfg, root, before)
-        if objective is not None and objective.check is not None:
+        if objective is not None:
             try:
-                objective.check(cfg)
+                check_loop_settings(cfg.train.get(stage), f"train.{stage}")
+                if objective.check is not None:
+                    objective.check(cfg)
             except ValueError as error:
                 raise PreflightError(f"stage={stage}: {error}") from None
         if objective is not None:
