@@ -237,9 +237,10 @@ def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
     """A random 2-layer DFlash draft model with a block of 8 for a target of ``target_config`` (the zoo's fixture)."""
     from eagle2.heads.shapes import fill_random
 
-    head = DFlashHead(dflash_config_from_target(target_config, layers=2, block_size=8),
-                      default_taps(target_config.num_hidden_layers))
-    fill_random(head, seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1, in place
+    with torch.device("meta"):  # allocated once below, no default init (the rotary buffers, never saved, stay empty)
+        head = DFlashHead(dflash_config_from_target(target_config, layers=2, block_size=8),
+                          default_taps(target_config.num_hidden_layers))
+    fill_random(head.to_empty(device="cpu"), seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1
     return save_dflash_head(head, Path(folder), dtype=torch.float16)
 
 

@@ -80,8 +80,9 @@ def write_random(folder: str | Path, target_config, seed: int = 6) -> Path:
     fused = (2, layers // 2, layers - 3) if layers >= 4 else (0, layers // 2, layers - 1)
     gen = torch.Generator().manual_seed(seed)
     draft = max(target_config.vocab_size // 4, 1)
-    head = PEagleHead(peagle_config_from_target(target_config, draft, para_depths=4), fused)
-    fill_random(head, seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1, in place
+    with torch.device("meta"):  # allocated once below, no default init (the rotary buffers, never saved, stay empty)
+        head = PEagleHead(peagle_config_from_target(target_config, draft, para_depths=4), fused)
+    fill_random(head.to_empty(device="cpu"), seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1
     head.set_draft_vocabulary(torch.randperm(target_config.vocab_size, generator=gen)[:draft])
     return save_peagle_head(head, Path(folder), dtype=torch.float16)
 
