@@ -32,8 +32,8 @@ demo: install  ## run `python run.py` (EAGLE-2 on SmolLM2, MT-bench) and plain d
 test: install  ## the test suite (offline, CPU; slow tests excluded; TEST_WORKERS processes)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS)
 
-test-slow: install  ## only the slow tests (many-sample certification, run.py sweeps, long decodes, real training)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m slow
+test-slow: install  ## the slow tests test-heavy leaves (many-sample certification, every GPU-shaped model, real training); CI runs them last
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "slow and not heavy"
 
 test-heavy: install  ## the slow tests CI runs after make test: the entrypoints and checks moved out of make test for time
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) -m heavy

@@ -28,6 +28,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "heavy: slow tests CI runs after make test (`make test-heavy`): the "
                             "entrypoints, and checks moved out of make test for its five minutes whose property "
                             "a faster default test also covers (named in each one's comment)")
+    config.addinivalue_line("markers", "xdist_group(name): tests that share a costly set-up; `--dist loadgroup` "
+                            "(make test-slow) runs each group on one worker (pytest-xdist's own marker)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a heavy or entrypoint test is a slow one

@@ -11,9 +11,15 @@ authors publish it, an SpS draft like ``double7/vicuna-68m``); a method whose fa
 skipped with that reason. Passed with ``model.path=``/``model.head=``/``model.sps_draft=``.
 
 Two scales: ``narrow``: every config as a narrow proxy, 8 dimensions per attention head, 2 layers
-(vicuna7b by default, the others marked slow: ~20-40 s each on 2 cores); ``true`` (slow): the real width
-with 1 layer, except the 70B models, whose real width (8192; one layer plus a head is ~10 GB in fp32)
-is replaced by a 2048-wide proxy with their 64 heads and 8 KV heads.
+(vicuna7b by default, the others marked slow); ``true`` (slow): the real width with 1 layer, except the
+70B models, whose real width (8192; one layer plus a head is ~10 GB in fp32) is replaced by a 2048-wide
+proxy with their 64 heads and 8 KV heads.
+
+One test per (model, method), but the set-up is shared per (model, scale): the checkpoints are written once
+per module, and the runner's target is loaded from disk once (its first run) and handed to every later
+method's run (``shared_target_loads``; decoding never changes the target, and a method that did would
+make every later method differ from plain). The slow tests of one (model, scale) form one xdist group,
+so that ``--dist loadgroup`` (``make test-slow``) writes and loads them on one worker only.
 """
 
 from __future__ import annotations
@@ -47,7 +53,29 @@ def zoo_shape(name: str, scale: str) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
+def shared_target_loads():
+    """The runner's ``load_target`` made to load each target once and hand the same loaded one to every later
+    run of this module (the last one kept: a true-width target is gigabytes)."""
+    from omegaconf import OmegaConf
+
+    import eagle2.bench.runner as runner
+
+    load, last = runner.load_target, {}
+
+    def load_once(model_cfg, *args, **kwargs):
+        key = (OmegaConf.to_yaml(model_cfg), args, tuple(sorted(kwargs.items())))
+        if key not in last:
+            last.clear()
+            last[key] = load(model_cfg, *args, **kwargs)
+        return last[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "load_target", load_once)
+        yield
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory, shared_target_loads):
     """name, scale -> (folder of the target, of each weight kind, results, common overrides), built once."""
     built = {}
 
@@ -94,16 +122,19 @@ def check_method(zoo, name: str, scale: str, method: str) -> None:
         assert row["output_ids"] == plain["output_ids"], f"{name}/{method} differs from plain decoding"
 
 
+def slow_group(name: str, scale: str):
+    """A slow zoo model's parameter: marked slow, and one xdist group per (model, scale) (its set-up shared)."""
+    return pytest.param(name, marks=[pytest.mark.slow, pytest.mark.xdist_group(f"zoo-{name}-{scale}")])
+
+
 @pytest.mark.parametrize("method", known_methods())
-@pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in GPU_MODELS])
+@pytest.mark.parametrize("name", [n if n in DEFAULT_ZOO else slow_group(n, "narrow") for n in GPU_MODELS])
 def test_zoo_narrow_proxy_every_method_equals_plain(zoo, name, method):
     check_method(zoo, name, "narrow", method)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", known_methods())
-@pytest.mark.parametrize("name", GPU_MODELS)
+@pytest.mark.parametrize("name", [slow_group(n, "true") for n in GPU_MODELS])
 def test_zoo_true_width_every_method_equals_plain(zoo, name, method):
     check_method(zoo, name, "true", method)
 

@@ -235,13 +235,12 @@ def default_taps(num_layers: int) -> tuple[int, ...]:
 
 def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
     """A random 2-layer DFlash draft model with a block of 8 for a target of ``target_config`` (the zoo's fixture)."""
-    gen = torch.Generator().manual_seed(seed)
-    head = DFlashHead(dflash_config_from_target(target_config, layers=2, block_size=8),
-                      default_taps(target_config.num_hidden_layers))
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            noise = (torch.rand(p.shape, generator=gen) - 0.5) * 0.07
-            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else noise)
+    from eagle2.heads.shapes import fill_random
+
+    with torch.device("meta"):  # allocated once below, no default init (the rotary buffers, never saved, stay empty)
+        head = DFlashHead(dflash_config_from_target(target_config, layers=2, block_size=8),
+                          default_taps(target_config.num_hidden_layers))
+    fill_random(head.to_empty(device="cpu"), seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1
     return save_dflash_head(head, Path(folder), dtype=torch.float16)
 
 

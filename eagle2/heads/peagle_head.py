@@ -74,15 +74,15 @@ def save_peagle_head(head: PEagleHead, folder: str | Path, dtype: torch.dtype | 
 def write_random(folder: str | Path, target_config, seed: int = 6) -> Path:
     """A random P-EAGLE head for a target of ``target_config`` (the zoo's fixture): 4 depths, a draft vocabulary
     of a quarter of the target's; a target under 4 layers fuses layers (0, L//2, L-1)."""
+    from eagle2.heads.shapes import fill_random
+
     layers = target_config.num_hidden_layers
     fused = (2, layers // 2, layers - 3) if layers >= 4 else (0, layers // 2, layers - 1)
     gen = torch.Generator().manual_seed(seed)
     draft = max(target_config.vocab_size // 4, 1)
-    head = PEagleHead(peagle_config_from_target(target_config, draft, para_depths=4), fused)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            noise = (torch.rand(p.shape, generator=gen) - 0.5) * 0.07
-            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else noise)
+    with torch.device("meta"):  # allocated once below, no default init (the rotary buffers, never saved, stay empty)
+        head = PEagleHead(peagle_config_from_target(target_config, draft, para_depths=4), fused)
+    fill_random(head.to_empty(device="cpu"), seed, std=0.07 / 12**0.5)  # uniform in +-0.035, norms 1
     head.set_draft_vocabulary(torch.randperm(target_config.vocab_size, generator=gen)[:draft])
     return save_peagle_head(head, Path(folder), dtype=torch.float16)
 
