@@ -264,3 +264,20 @@ def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, mo
     one, batched = one_forward_batch_and_one(tiny[0], name, weights, 0.0)
     assert [o.output_ids for o in batched] == [o.output_ids for o in one]  # lossless all the same
     assert drafted(batched) != drafted(one)  # but not what batch 1 drafts
+
+
+def test_peagle_rows_draft_in_two_head_forwards_a_round(tiny, weights, monkeypatch):
+    """P-EAGLE's batched rounds are real: the rows' catch-up and their mask slots are one head forward each over
+    all rows (``TreeHeads``), not one forward per row; the per-row path never runs while rows draft together."""
+    from eagle2.drafters import head_group
+    from eagle2.drafters.peagle import PEagleDrafter
+
+    forwards, alone = [], []
+    shared = head_group.forward_head
+    monkeypatch.setattr(head_group, "forward_head", lambda head, tokens, *a: forwards.append(tokens.shape[0])
+                        or shared(head, tokens, *a))
+    own = PEagleDrafter.parallel_log_probs
+    monkeypatch.setattr(PEagleDrafter, "parallel_log_probs", lambda self: alone.append(1) or own(self))
+    batch_decode(tiny[0], METHODS["peagle"], weights, 3)
+    assert forwards.count(3) >= 2 * 3 and max(forwards) == 3  # rounds of three rows: catch-up and slots, shared
+    assert len(alone) < len(forwards)  # row by row only where a row drafts alone (the queue's tail)

@@ -26,6 +26,8 @@ from eagle2.drafters.peagle import PEagleDrafter, tree_settings
 
 
 class DFlashDrafter(PEagleDrafter):
+    shared_forward = False  # row by row: its draft model reads the target context as injected keys and values
+
     def __init__(self, head, device, *, lm_head_dtype: torch.dtype | None = None, **tree):
         super().__init__(head, device, **tree)
         if lm_head_dtype is not None:  # a cached copy of the target's LM head in that dtype (drafting only)

@@ -1,10 +1,10 @@
 """Feature-level heads of several rows drafting together: one head forward for every row's catch-up, then one
 head forward and one drafting LM-head call per depth for all rows, instead of one of each per row.
 
-The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()``
-to their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build
-their trees with a leading row axis over ``TreeHeads``, and ``propose`` is ``propose_batch`` of one row, so
-the per-row path and the batched one are the same code.
+The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()`` to
+their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build their
+trees with a leading row axis over ``TreeHeads`` (P-EAGLE, ``peagle``: its catch-up and one ``feed_slots``), and
+``propose`` is ``propose_batch`` of one row, so the per-row path and the batched one are the same code.
 
 ``TreeHeads`` over one row is the row's own head cache and ``HeadRunner``'s catch-up and ``expand``, as ever.
 Over several (or over any on a head compiled for the batch):
@@ -106,6 +106,20 @@ class TreeHeads:
         self.width += span
         self.committed = self.committed + self.pending
         return logp, roots
+
+    def feed_slots(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """ONE head forward over the same ``m`` chain slots behind every row's caught-up entries (``tokens`` (m,),
+        ``feats`` (m, H): P-EAGLE's mask slots): row b's slot j sits at position ``committed[b] + j`` and sees the
+        row's visible columns and the slots up to j. The slots live in the stacked cache alone (dropped with it).
+        Returns the head's outputs at them (R, m, H). Call after ``catch_up``."""
+        lead, device, rows, m = self.lead, self.lead.device, len(self.runners), tokens.shape[0]
+        chain = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        allowed = torch.cat([self.visible[:, None].expand(rows, m, self.width), chain.expand(rows, m, m)], dim=2)
+        mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, m, width + m)
+        positions = self.committed[:, None] + torch.arange(m, device=device)
+        with shared_span(self.runners):
+            return forward_head(lead.head, tokens.to(device).expand(rows, m), feats.expand(rows, m, feats.shape[-1]),
+                                positions, mask, self.cache)
 
     def _write_back(self, span: int, roots: torch.Tensor) -> None:
         """Each row's new entries into its own cache, behind its committed ones: the row has caught up."""

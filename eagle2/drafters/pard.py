@@ -22,6 +22,8 @@ from eagle2.heads.eagle_head import causal_mask
 
 
 class PardDrafter(PEagleDrafter):
+    shared_forward = False  # row by row: a draft LM over tokens, not a feature-level head
+
     needs_hidden = False
 
     def start(self, prompt_ids, first_token, prompt_hidden) -> None:

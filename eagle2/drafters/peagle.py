@@ -9,7 +9,8 @@ depths' best tokens with each depth's ``top_k`` - 1 runners-up as siblings (``to
 the best ``total_tokens`` nodes by path value V (the product of confidences), or with ``total_tokens=auto`` the
 count the cost profile prices best (``eagle2.drafters.budget``), as EAGLE-2 does. The choices are deterministic
 (top-k), so at temperature > 0 they are verified by the rule for deterministically chosen siblings. Every
-drafted node is recorded with its depth, rank and confidence.
+drafted node is recorded with its depth, rank and confidence. Rows of a batch draft together
+(``propose_batch``): two head forwards a round for all of them, not one per row.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle2_dynamic import ranked
 from eagle2.drafters.eagle_common import HeadRunner, path_log_values, to_host, tree_from_drafted
+from eagle2.drafters.head_group import TreeHeads, shared_span
 from eagle2.heads.eagle_head import causal_mask
 
 
@@ -31,6 +33,9 @@ def default_choices(depth: int, top_k: int) -> list[list[int]]:
 
 
 class PEagleDrafter(HeadRunner):
+    shared_forward = True  # rows draft in one head forward (``propose_batch``); a subclass whose forward is not a
+    #                        P-EAGLE head's over ``TreeHeads`` sets False and drafts row by row
+
     def __init__(self, head, device, *, depth: int, choices, total_tokens: int, profile: CostProfile | None = None):
         super().__init__(head, None, device)
         self.depth = depth
@@ -57,8 +62,35 @@ class PEagleDrafter(HeadRunner):
         return self.log_probs(out[n - 1:])
 
     def propose(self, root: int, room: int) -> DraftTree:
+        return self.tree_of(root, room, self.parallel_log_probs())
+
+    @classmethod
+    def propose_batch(cls, drafters: list["PEagleDrafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
+        """Every row's tree (drafters of equal ``batch_key``): ONE head forward catches every row up
+        (``TreeHeads.catch_up``: depth 1) and ONE more runs the K - 1 mask slots behind every row
+        (``TreeHeads.feed_slots``), then one drafting LM-head call; each row's tree is the one it drafts alone.
+        A head compiled for one row drafts row by row."""
+        lead = drafters[0]
+        if len(drafters) == 1 or not cls.shared_forward or getattr(lead.head, "static_decoder", None) is not None \
+                or getattr(lead.head, "static_batch", None) is not None:
+            return [d.propose(root, room) for d, root, room in zip(drafters, roots, rooms)]
+        heads = TreeHeads(drafters)
+        depth_one, _ = heads.catch_up()  # (R, V)
+        log_probs = depth_one[:, None]
+        if lead.depth > 1:
+            tokens, feats = lead.head.mask_slots(lead.depth - 1, lead.device)
+            out = heads.feed_slots(tokens, feats.to(lead.dtype))  # (R, K - 1, H)
+            with shared_span(drafters):
+                deeper = lead.log_probs_unspanned(out.reshape(-1, out.shape[-1]))
+            log_probs = torch.cat([log_probs, deeper.reshape(len(drafters), lead.depth - 1, -1)], dim=1)
+        return [d.tree_of(root, room, lp) for d, root, room, lp in zip(drafters, roots, rooms, log_probs)]
+
+    def batch_key(self) -> tuple:
+        return (*super().batch_key(), self.depth)  # the slots; each row builds its own tree (tree_of)
+
+    def tree_of(self, root: int, room: int, log_probs: torch.Tensor) -> DraftTree:
+        """The round's tree from the K depths' log-probabilities (K, V) (see the module's docstring)."""
         budget = min(self.total_tokens, len(self.paths), room - 1)
-        log_probs = self.parallel_log_probs()
         if budget < 1:
             return DraftTree.root_only(root)
         tokens, log_conf = self.top(log_probs, self.top_k)  # (K, top_k), best first
