@@ -73,6 +73,37 @@ def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
     assert gaps == [policy.FIRST_GAP * 2 ** i for i in range(len(gaps))] and len(gaps) >= 2
 
 
+def test_a_refilled_batch_probes_together_at_growing_gaps():
+    """Four rows verified together, each replaced by a new request every 40-90 rounds, drafting never paying: the
+    rows share their bursts (a row in a burst does not restart one for the others) and a new row starts from the
+    group's estimate, so the gaps still grow and most rounds are plain (before the group's burst, the staggered
+    rows restarted each other's bursts and every round was a probe)."""
+    rng, prof = __import__("random").Random(0), flat(1.0, 1.0)
+    rows = [policy.RowEstimate() for _ in range(4)]
+    left = [rng.randint(40, 90) for _ in rows]
+    choices = []
+    for _ in range(400):
+        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
+        for i, row in enumerate(rows):
+            if choices[-1] != "plain":
+                row.learn(1, 4)  # each drafted round accepts nothing
+            left[i] -= 1
+            if left[i] == 0:
+                rows[i], left[i] = policy.RowEstimate(), rng.randint(40, 90)
+    assert "draft" not in choices
+    assert choices[300:].count("probe") <= 2 * policy.PROBE_ROUNDS  # gaps of 64 by then
+    assert choices.count("plain") > 0.85 * len(choices)
+
+
+def test_a_new_row_starts_from_its_groups_estimate():
+    old, new = known(3.0, 5), policy.RowEstimate()
+    old.gap = 32
+    assert policy.decide(flat(1.0, 0.1), [old, new], depth=1)["policy_choice"] == "draft"
+    assert (new.tokens, new.tree_size, new.gap, new.rounds) == (3.0, 5, policy.FIRST_GAP, 1)  # drafting resets gaps
+    alone = policy.RowEstimate()
+    assert policy.decide(flat(1.0, 0.1), [alone], depth=1)["policy_choice"] == "probe"  # no group: a burst
+
+
 def test_a_burst_that_finds_acceptance_back_drafts_and_resets_the_gap():
     row = known(1.0, 4)
     row.gap, row.plain_streak = 32, 32

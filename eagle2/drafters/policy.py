@@ -19,6 +19,12 @@ still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is
 estimate yet starts with a burst. The decision reads nothing but the profile and the counts, so a seeded run stays
 reproducible.
 
+Rows verified together probe together: the burst and its gap are the group's (a burst starts when no row of the
+group is in one; every row of the group then gets the same rounds left and the same next gap). A row that joins a
+refilled batch starts from its group's mean estimate and gap (worth one round of its own), not with a burst of its
+own: the group's counts are the best prior for a row of the same batch, and a burst per admission (at batch 4, one
+every few rounds) would keep the whole batch drafting however little it pays.
+
 Each round's tree records the decision (``DraftTree.meta``, stored per round): ``policy_choice`` (``draft``,
 ``plain`` or ``probe``) and the predicted tokens per second of a drafting and of a plain round (None while a row
 has no estimate). How large a drafted tree is stays the drafter's own rule (EAGLE-2's auto budget may keep no
@@ -81,20 +87,41 @@ def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -
     return drafting, len(rows) / profile.verify(1)
 
 
+def join_group(rows: list[RowEstimate]) -> None:
+    """A row with no estimate, verified with rows that have one, starts from their mean and their longest gap."""
+    known = [r for r in rows if r.tokens is not None]
+    if not known:
+        return
+    for r in rows:
+        if r.tokens is None:
+            r.tokens = sum(k.tokens for k in known) / len(known)
+            r.tree_size = sum(k.tree_size for k in known) / len(known)
+            r.rounds, r.gap = 1, max(k.gap for k in known)  # the prior counts as one round of its own
+
+
+def start_burst(rows: list[RowEstimate]) -> None:
+    """The group's probe burst starts: after a plain streak that reached a gap (a burst that did not pay), the
+    group's next gap doubles; every row gets the burst's rounds and the same gap."""
+    stale = any(r.plain_streak >= r.gap for r in rows if r.tokens is not None)
+    gap = max(r.gap for r in rows)
+    gap = min(2 * gap, LAST_GAP) if stale else gap
+    for r in rows:
+        r.probing, r.gap = PROBE_ROUNDS, gap
+
+
 def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
     """This round's choice for ``rows`` verified together, recorded as the tree's meta; updates their streaks."""
+    join_group(rows)
     if any(r.probe_due() for r in rows):
         choice, rates = "probe", (None, None)
+        if not any(r.probing for r in rows):
+            start_burst(rows)
     else:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
     for r in rows:
-        if choice == "probe":
-            if r.probing == 0:  # a burst starts; after one that did not pay (a plain streak), the next waits longer
-                r.probing = PROBE_ROUNDS
-                r.gap = min(2 * r.gap, LAST_GAP) if r.plain_streak >= r.gap else r.gap
-            r.probing -= 1
-        elif choice == "draft":
+        r.probing = max(r.probing - 1, 0) if choice == "probe" else r.probing
+        if choice == "draft":
             r.gap = FIRST_GAP
         r.plain_streak = r.plain_streak + 1 if choice == "plain" else 0
     return {"policy_choice": choice, "policy_draft_tps": rates[0], "policy_plain_tps": rates[1]}
