@@ -16,15 +16,19 @@ Two scales: ``narrow``: every config as a narrow proxy, 8 dimensions per attenti
 proxy with their 64 heads and 8 KV heads.
 
 One test per (model, method), but the set-up is shared per (model, scale): the checkpoints are written once
-per module, and the runner's target is loaded from disk once (its first run) and handed to every later
-method's run (``shared_target_loads``; decoding never changes the target, and a method that did would
-make every later method differ from plain). The slow tests of one (model, scale) form one xdist group,
-so that ``--dist loadgroup`` (``make test-slow``) writes and loads them on one worker only.
+when its first test starts, and the runner's target is loaded from disk once (its first run) and handed to every
+later method's run (``shared_target_loads``; decoding never changes the target, and a method that did would
+make every later method differ from plain); both are deleted when the next (model, scale) starts or the module
+ends, so that one worker holds one at a time (a Llama-3-8B-wide one is 5 GB in memory, 10 GB on disk). The slow
+tests of one (model, scale) form one xdist group, so that ``--dist loadgroup`` (``make test-slow``) writes and
+loads them on one worker only, one after another.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,7 +59,8 @@ def zoo_shape(name: str, scale: str) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def shared_target_loads():
     """The runner's ``load_target`` made to load each target once and hand the same loaded one to every later
-    run of this module (the last one kept: a true-width target is gigabytes)."""
+    run of this module (the last one kept: a true-width target is gigabytes); yields that store, which
+    ``zoo`` empties when it moves on to another model."""
     from omegaconf import OmegaConf
 
     import eagle2.bench.runner as runner
@@ -66,21 +71,33 @@ def shared_target_loads():
         key = (OmegaConf.to_yaml(model_cfg), args, tuple(sorted(kwargs.items())))
         if key not in last:
             last.clear()
+            gc.collect()  # the previous target gone before the next one loads
             last[key] = load(model_cfg, *args, **kwargs)
         return last[key]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "load_target", load_once)
-        yield
+        yield last
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory, shared_target_loads):
-    """name, scale -> (folder of the target, of each weight kind, results, common overrides), built once."""
+    """name, scale -> (target config, results folder, common overrides), built on first use. Only the last
+    (model, scale) is kept: moving on to another one first deletes the previous one's checkpoints and frees its
+    loaded target (a true-width one is 5 GB in memory and 10 GB on disk at a 128k vocabulary), as does the
+    module's end. Its tests run one after another (one xdist group); one asked for again is built again."""
     built = {}
+
+    def release():
+        shared_target_loads.clear()
+        gc.collect()
+        for root, *_ in built.values():
+            shutil.rmtree(root, ignore_errors=True)
+        built.clear()
 
     def get(name: str, scale: str):
         if (name, scale) not in built:
+            release()
             root = tmp_path_factory.mktemp(f"{name}-{scale}")
             layers, width = zoo_shape(name, scale)
             target_config = llama_config(model_architecture(name), layers=layers, width=width)
@@ -93,10 +110,12 @@ def zoo(tmp_path_factory, shared_target_loads):
                       "dataset=mt_bench", f"dataset.path={questions}", f"max_new_tokens={NEW_TOKENS}",
                       f"paths.results={root / 'results'}", "logger=none", "warmup_tokens=0", "warmup_questions=0",
                       "threads=1"]
-            built[name, scale] = (target_config, root / "results", common)
-        return built[name, scale]
+            built[name, scale] = (root, target_config, common)
+        root, target_config, common = built[name, scale]
+        return target_config, root / "results", common
 
-    return get
+    yield get
+    release()
 
 
 def decode(zoo, name: str, scale: str, method: str) -> dict:

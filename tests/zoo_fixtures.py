@@ -68,16 +68,29 @@ def write_tokenizer(folder: Path, vocab_size: int) -> Path:
 
 
 def write_target(folder: Path, config: LlamaConfig, seed: int = 0) -> Path:
-    """A random target (fp16 safetensors, as the hub checkpoints are) and its tokenizer."""
-    model = random_llama(config, seed=seed)
-    model.to(torch.float16).save_pretrained(folder)
+    """A random target (fp16 safetensors, as the hub checkpoints are; drawn in fp16, never held in fp32: a
+    Llama-3-8B-wide layer with its vocabulary is 5 GB in fp32) whose input embedding is
+    ``target_embedding(config, seed)``, and its tokenizer."""
+    model = random_llama(config, dtype=torch.float16, seed=seed)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(target_embedding(config, seed))
+    model.save_pretrained(folder)
+    del model  # before the tokenizer: a 128k vocabulary's is built in Python
     write_tokenizer(folder, config.vocab_size)
     return folder
 
 
-def _random(shape, generator, std: float = 0.02) -> torch.Tensor:
+def target_embedding(config: LlamaConfig, seed: int = 0) -> torch.Tensor:
+    """The input embedding of ``write_target(folder, config, seed)``'s target (fp16 values, in fp32). The
+    published-format heads written here store it, as the authors' heads store a frozen copy of their
+    target's: a loader then reuses the target's own (``shared_or_own_embedding``), as with the real ones. In
+    fp16, as written (drawn so: no fp32 copy, 2 GB at a 128k vocabulary)."""
+    return _random((config.vocab_size, config.hidden_size), torch.Generator().manual_seed(seed), dtype=torch.float16)
+
+
+def _random(shape, generator, std: float = 0.02, dtype=torch.float32) -> torch.Tensor:
     """Uniform with standard deviation ``std``, drawn in one pass (a 70B-vocabulary embedding is 0.5G entries)."""
-    return torch.empty(shape).uniform_(-std * 3**0.5, std * 3**0.5, generator=generator)
+    return torch.empty(shape, dtype=dtype).uniform_(-std * 3**0.5, std * 3**0.5, generator=generator)
 
 
 def published_head_config(target_config: LlamaConfig, *, rope_theta: bool | None = None, model_type: bool = True,
@@ -104,8 +117,10 @@ def published_head_config(target_config: LlamaConfig, *, rope_theta: bool | None
 
 
 def published_head_weights(target_config: LlamaConfig, *, bias: bool = True, embed: bool = True,
-                           inv_freq: bool = False, seed: int = 1, dtype=torch.float16) -> dict[str, torch.Tensor]:
-    """Every tensor of an EAGLE-1/2 head at the target's width, as the authors' ``Model`` saves them."""
+                           inv_freq: bool = False, seed: int = 1, dtype=torch.float16,
+                           target_seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor of an EAGLE-1/2 head at the target's width, as the authors' ``Model`` saves them; its
+    ``embed_tokens.weight`` is the embedding of the target ``write_target`` writes with ``target_seed``."""
     from eagle2.heads.eagle_head import EagleHead, head_config_from_target
 
     with torch.device("meta"):
@@ -114,7 +129,7 @@ def published_head_weights(target_config: LlamaConfig, *, bias: bool = True, emb
     gen = torch.Generator().manual_seed(seed)
     weights = {k: (torch.ones(s) if k.endswith("layernorm.weight") else _random(s, gen)) for k, s in shapes.items()}
     if embed:
-        weights["embed_tokens.weight"] = _random((target_config.vocab_size, target_config.hidden_size), gen)
+        weights["embed_tokens.weight"] = target_embedding(target_config, target_seed)
     if inv_freq:
         head_dim = target_config.hidden_size // target_config.num_attention_heads
         weights["layers.0.self_attn.rotary_emb.inv_freq"] = 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim)

@@ -137,6 +137,7 @@ def load_head(location: str | Path, target) -> EagleHead:
     head.load_state_dict(state, assign=True)  # checked above: exactly the expected keys and shapes
     head.rotary_emb = LlamaRotaryEmbedding(config)  # computed from the config, never stored
     head.attach_embedding(shared_or_own_embedding(what, embed, target))
+    del embed, state  # the file's copy gone before the head is cast (1 GB in fp16 at a 128k vocabulary)
     if (folder / DRAFT_VOCAB_FILE).is_file():
         head.draft_vocab = read_token_ids(folder / DRAFT_VOCAB_FILE)
     return cast_like_target(head, target).eval()
