@@ -3,14 +3,16 @@ B = 2, 3, 4 with ragged prompts (more prompts than rows: freed rows are refilled
 token-identical to batch-1 plain decoding for every method, each request with its own drafter and tree.
 At T > 0 every row with its own seeded generator decodes exactly what the batch-1 engine decodes.
 
-The one-forward drafters (P-EAGLE, DFlash, PARD: each row drafts alone, one draft forward per row and round) draft
-in a batch what they draft at batch 1: per row, at T = 0 and T > 0, the same outputs, accepted lengths and drafted
-nodes (confidences to float32 rounding).
+The one-forward drafters (P-EAGLE, DFlash, PARD: the rows of a round draft together, ``eagle2.drafters.head_group``)
+draft in a batch what they draft at batch 1: per row, at T = 0 and T > 0, with rows refilled mid-run (rows at
+different lengths, a joining row's prompt to catch up), the same outputs, accepted lengths and drafted nodes
+(confidences to float32 rounding); and their rounds are shared: P-EAGLE's two head forwards, DFlash's and PARD's
+one draft forward a round over every row.
 
 Negative controls, each caught: one prefix length for the whole batch (a row's queries see the stale entries
 between its own length and the batch width), positions from the batch width instead of the row's own
-length, and (for the one-forward drafters) features handed to another row's drafter, or a refilled row's PARD
-draft started without its prompt's first token.
+length, and (for the one-forward drafters) features handed to another row's drafter, a refilled row's PARD
+draft started without its prompt's first token, or each row's batched draft forward fed the next row's context.
 """
 
 from __future__ import annotations
@@ -253,10 +255,22 @@ def pard_admitted_without_the_first_prompt_token(prefill):
     return broken
 
 
+def context_of_the_next_row(pending_inputs):
+    """Broken: a batched draft forward feeds each row the next row's pending tokens and features."""
+    def broken(self):
+        return tuple(None if x is None else x.roll(1, dims=0) for x in pending_inputs(self))
+    return broken
+
+
 @pytest.mark.heavy  # the negative controls of the check above: in CI after make test
+@pytest.mark.parametrize("control", ["features", "context"])
 @pytest.mark.parametrize("name", ONE_FORWARD)
-def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name):
-    if name == "pard":  # it reads no features: its batched path's own input is the row's tokens
+def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name, control):
+    from eagle2.drafters.head_group import TreeHeads
+
+    if control == "context":
+        monkeypatch.setattr(TreeHeads, "pending_inputs", context_of_the_next_row(TreeHeads.pending_inputs))
+    elif name == "pard":  # it reads no features: its batched path's own input is the row's tokens
         monkeypatch.setattr(batch_engine, "prefill", pard_admitted_without_the_first_prompt_token(batch_engine.prefill))
     else:
         monkeypatch.setattr(batch_engine.BatchVerifier, "verify",
@@ -281,3 +295,43 @@ def test_peagle_rows_draft_in_two_head_forwards_a_round(tiny, weights, monkeypat
     batch_decode(tiny[0], METHODS["peagle"], weights, 3)
     assert forwards.count(3) >= 2 * 3 and max(forwards) == 3  # rounds of three rows: catch-up and slots, shared
     assert len(alone) < len(forwards)  # row by row only where a row drafts alone (the queue's tail)
+
+
+DRAFT_MODULE = {"dflash": lambda w: w["dflash_head"], "pard": lambda w: w["pard_draft"].lm.base_model}
+
+
+def draft_forwards_per_round(target, name, weights, monkeypatch) -> list[tuple[int, int, list[int]]]:
+    """B = 3, rows refilled: per round, (the rows drafting, the rows joining, the row count of each draft forward)."""
+    module, rounds, seen = DRAFT_MODULE[name](weights), [], set()
+    forwards, original = [], type(module).forward
+
+    def counted(self, *args, **kwargs):
+        if self is module:
+            forwards.append(next(x for x in (*args, *kwargs.values()) if torch.is_tensor(x)).shape[0])
+        return original(self, *args, **kwargs)
+
+    real_round = batch_engine.BatchEngine._round
+
+    def round_(self, live, cache):
+        first, rows = len(forwards), {id(row.seq) for row in live.values()}
+        real_round(self, live, cache)
+        rounds.append((len(rows), len(rows - seen), forwards[first:]))
+        seen.update(rows)
+
+    monkeypatch.setattr(type(module), "forward", counted)
+    monkeypatch.setattr(batch_engine.BatchEngine, "_round", round_)
+    batch_decode(target, METHODS[name], weights, 3)
+    return rounds
+
+
+@pytest.mark.parametrize("name", ["dflash", "pard"])
+def test_block_drafters_rows_draft_in_one_forward_a_round(tiny, weights, monkeypatch, name):
+    """DFlash's and PARD's batched rounds are real: every round runs ONE draft forward over all its rows
+    (``TreeHeads.feed_block``), whatever their lengths; the only other draft forwards are the prompt backlogs of
+    rows joining that round, each fed alone (at most one per joining row)."""
+    rounds = draft_forwards_per_round(tiny[0], name, weights, monkeypatch)
+    for rows, joining, forwards in rounds:
+        assert forwards.count(rows) == 1 and len(forwards) <= 1 + joining, (rows, joining, forwards)
+        assert all(f == 1 for f in forwards if f != rows)
+    assert any(rows == 3 and forwards == [3] for rows, _, forwards in rounds)  # shared: one forward, not three
+    assert any(rows > 1 and joining and len(forwards) > 1 for rows, joining, forwards in rounds)  # a refill caught up
