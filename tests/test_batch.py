@@ -17,6 +17,7 @@ draft started without its prompt's first token, or each row's batched draft forw
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 
 import pytest
@@ -27,6 +28,7 @@ import eagle2.core.batch_engine as batch_engine
 import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
+from tests import one_forward
 from tests.conftest import shared_drafter_weights
 from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
 from tests.test_hydra import tiny_hydra
@@ -295,6 +297,54 @@ def test_peagle_rows_draft_in_two_head_forwards_a_round(tiny, weights, monkeypat
     batch_decode(tiny[0], METHODS["peagle"], weights, 3)
     assert forwards.count(3) >= 2 * 3 and max(forwards) == 3  # rounds of three rows: catch-up and slots, shared
     assert len(alone) < len(forwards)  # row by row only where a row drafts alone (the queue's tail)
+
+
+WEIGHT_KIND = {"peagle": "peagle_head", "dflash": "dflash_head", "pard": "pard_draft"}
+
+
+def sharpened(module):
+    """A copy of ``module`` whose attention scores are 64 times larger (every q and k projection times 8): a position
+    or visibility error then moves its outputs by far more than float rounding (the tiny drafts' near-uniform
+    attention hides one below the end-to-end check's tolerance)."""
+    module = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, sub in module.named_modules():
+            if name.endswith(("q_proj", "k_proj")):
+                sub.weight.mul_(8.0)
+    return module
+
+
+@pytest.mark.parametrize("name", ONE_FORWARD)
+@torch.no_grad()
+def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name):
+    """Rows at different lengths drafting together (``drafted_together``), a third joining in the second round with
+    a fresh prompt to catch up, each with its own number of new tokens a round: every row's K distributions are the
+    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round."""
+    target, kind = tiny[0], WEIGHT_KIND[name]
+    own = {kind: sharpened(weights[kind])}
+    layers = getattr(own[kind], "feature_layers", None)
+    prompts, new = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10]], [[1], [2, 3, 5], [6, 7]]
+    seqs = [p + [4] for p in prompts]
+
+    def features(seq, first, count):  # the target features of positions first.. (None: PARD reads none)
+        return None if layers is None else one_forward.taps_of(target, layers, seq)[first: first + count]
+
+    rows, alone = [], []
+    for round_ in range(3):
+        if round_ < 2:  # rows 0 and 1 start together, row 2 joins with its whole prompt pending
+            for i in ((0, 1) if round_ == 0 else (2,)):
+                for group in (rows, alone):
+                    group.append(drafter(target, METHODS[name], own))
+                    group[-1].start(prompts[i], 4, features(seqs[i], 0, len(prompts[i])))
+        together = type(rows[0]).drafted_together(rows)
+        for i, solo in enumerate(alone):
+            torch.testing.assert_close(together[i], solo.parallel_log_probs(), atol=1e-5, rtol=0)
+        for i, (mine, solo) in enumerate(zip(rows, alone)):
+            tokens = new[(i + round_) % 3]
+            hidden = features(seqs[i] + tokens, len(seqs[i]) - 1, len(tokens))
+            seqs[i] += tokens
+            mine.observe(tokens, hidden)
+            solo.observe(tokens, hidden)
 
 
 DRAFT_MODULE = {"dflash": lambda w: w["dflash_head"], "pard": lambda w: w["pard_draft"].lm.base_model}

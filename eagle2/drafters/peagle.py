@@ -75,12 +75,16 @@ class PEagleDrafter(HeadRunner):
         if len(drafters) == 1 or getattr(lead.head, "static_decoder", None) is not None \
                 or getattr(lead.head, "static_batch", None) is not None:
             return [d.propose(root, room) for d, root, room in zip(drafters, roots, rooms)]
+        log_probs = cls.drafted_together(drafters)
+        return [d.tree_of(root, room, lp) for d, root, room, lp in zip(drafters, roots, rooms, log_probs)]
+
+    @classmethod
+    def drafted_together(cls, drafters: list["PEagleDrafter"]) -> torch.Tensor:
+        """(R, K, V): every row's ``parallel_log_probs``, the rows drafting together (``batch_log_probs``)."""
         for d in drafters:
             d.ready()
         # a round commits at most its K drafted tokens and the bonus: only a fresh prompt is fed alone first
-        heads = TreeHeads(drafters, backlog=max(BACKLOG, lead.depth + 1))
-        log_probs = cls.batch_log_probs(drafters, heads)
-        return [d.tree_of(root, room, lp) for d, root, room, lp in zip(drafters, roots, rooms, log_probs)]
+        return cls.batch_log_probs(drafters, TreeHeads(drafters, backlog=max(BACKLOG, drafters[0].depth + 1)))
 
     @classmethod
     def batch_log_probs(cls, drafters: list["PEagleDrafter"], heads: TreeHeads) -> torch.Tensor:
