@@ -1,5 +1,6 @@
-"""Feature-level heads of several rows drafting together: one head forward for every row's catch-up, then one
-head forward and one drafting LM-head call per depth for all rows, instead of one of each per row.
+"""Feature-level heads (and the one-forward draft models) of several rows drafting together: one head forward for
+every row's catch-up, then one head forward and one drafting LM-head call per depth for all rows, instead of one of
+each per row.
 
 The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()`` to
 their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build their
@@ -142,7 +143,8 @@ class TreeHeads:
         if context_queries:
             last = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
             out = torch.cat([last[:, None], out[:, span:]], dim=1)
-        self._write_back(span, out[:, 0])
+        if span:  # after a catch-up (P-EAGLE's slots) every row has caught up already
+            self._write_back(span, out[:, 0])
         self.visible = torch.cat([self.visible, real, real.new_zeros(rows, m)], dim=1)  # (R, width + span + m)
         self.width += span + m
         self.committed = self.committed + self.pending
