@@ -3,18 +3,21 @@ B = 2, 3, 4 with ragged prompts (more prompts than rows: freed rows are refilled
 token-identical to batch-1 plain decoding for every method, each request with its own drafter and tree.
 At T > 0 every row with its own seeded generator decodes exactly what the batch-1 engine decodes.
 
-The one-forward drafters (P-EAGLE, DFlash, PARD: each row drafts alone, one draft forward per row and round) draft
-in a batch what they draft at batch 1: per row, at T = 0 and T > 0, the same outputs, accepted lengths and drafted
-nodes (confidences to float32 rounding).
+The one-forward drafters (P-EAGLE, DFlash, PARD: the rows of a round draft together, ``eagle2.drafters.head_group``)
+draft in a batch what they draft at batch 1: per row, at T = 0 and T > 0, with rows refilled mid-run (rows at
+different lengths, a joining row's prompt to catch up), the same outputs, accepted lengths and drafted nodes
+(confidences to float32 rounding); and their rounds are shared: P-EAGLE's two head forwards, DFlash's and PARD's
+one draft forward a round over every row.
 
 Negative controls, each caught: one prefix length for the whole batch (a row's queries see the stale entries
 between its own length and the batch width), positions from the batch width instead of the row's own
-length, and (for the one-forward drafters) features handed to another row's drafter, or a refilled row's PARD
-draft started without its prompt's first token.
+length, and (for the one-forward drafters) features handed to another row's drafter, a refilled row's PARD
+draft started without its prompt's first token, or each row's batched draft forward fed the next row's context.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 
 import pytest
@@ -25,6 +28,7 @@ import eagle2.core.batch_engine as batch_engine
 import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.sampling import SamplingParams
+from tests import one_forward
 from tests.conftest import shared_drafter_weights
 from tests.test_greedy import SPEC_METHODS, positional  # noqa: F401 (a fixture)
 from tests.test_hydra import tiny_hydra
@@ -253,10 +257,22 @@ def pard_admitted_without_the_first_prompt_token(prefill):
     return broken
 
 
+def context_of_the_next_row(pending_inputs):
+    """Broken: a batched draft forward feeds each row the next row's pending tokens and features."""
+    def broken(self):
+        return tuple(None if x is None else x.roll(1, dims=0) for x in pending_inputs(self))
+    return broken
+
+
 @pytest.mark.heavy  # the negative controls of the check above: in CI after make test
+@pytest.mark.parametrize("control", ["features", "context"])
 @pytest.mark.parametrize("name", ONE_FORWARD)
-def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name):
-    if name == "pard":  # it reads no features: its batched path's own input is the row's tokens
+def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, monkeypatch, name, control):
+    from eagle2.drafters.head_group import TreeHeads
+
+    if control == "context":
+        monkeypatch.setattr(TreeHeads, "pending_inputs", context_of_the_next_row(TreeHeads.pending_inputs))
+    elif name == "pard":  # it reads no features: its batched path's own input is the row's tokens
         monkeypatch.setattr(batch_engine, "prefill", pard_admitted_without_the_first_prompt_token(batch_engine.prefill))
     else:
         monkeypatch.setattr(batch_engine.BatchVerifier, "verify",
@@ -281,3 +297,91 @@ def test_peagle_rows_draft_in_two_head_forwards_a_round(tiny, weights, monkeypat
     batch_decode(tiny[0], METHODS["peagle"], weights, 3)
     assert forwards.count(3) >= 2 * 3 and max(forwards) == 3  # rounds of three rows: catch-up and slots, shared
     assert len(alone) < len(forwards)  # row by row only where a row drafts alone (the queue's tail)
+
+
+WEIGHT_KIND = {"peagle": "peagle_head", "dflash": "dflash_head", "pard": "pard_draft"}
+
+
+def sharpened(module):
+    """A copy of ``module`` whose attention scores are 64 times larger (every q and k projection times 8): a position
+    or visibility error then moves its outputs by far more than float rounding (the tiny drafts' near-uniform
+    attention hides one below the end-to-end check's tolerance)."""
+    module = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, sub in module.named_modules():
+            if name.endswith(("q_proj", "k_proj")):
+                sub.weight.mul_(8.0)
+    return module
+
+
+@pytest.mark.parametrize("name", ONE_FORWARD)
+@torch.no_grad()
+def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name):
+    """Rows at different lengths drafting together (``drafted_together``), a third joining in the second round with
+    a fresh prompt to catch up, each with its own number of new tokens a round: every row's K distributions are the
+    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round."""
+    target, kind = tiny[0], WEIGHT_KIND[name]
+    own = {kind: sharpened(weights[kind])}
+    layers = getattr(own[kind], "feature_layers", None)
+    prompts, new = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10]], [[1], [2, 3, 5], [6, 7]]
+    seqs = [p + [4] for p in prompts]
+
+    def features(seq, first, count):  # the target features of positions first.. (None: PARD reads none)
+        return None if layers is None else one_forward.taps_of(target, layers, seq)[first: first + count]
+
+    rows, alone = [], []
+    for round_ in range(3):
+        if round_ < 2:  # rows 0 and 1 start together, row 2 joins with its whole prompt pending
+            for i in ((0, 1) if round_ == 0 else (2,)):
+                for group in (rows, alone):
+                    group.append(drafter(target, METHODS[name], own))
+                    group[-1].start(prompts[i], 4, features(seqs[i], 0, len(prompts[i])))
+        together = type(rows[0]).drafted_together(rows)
+        for i, solo in enumerate(alone):
+            torch.testing.assert_close(together[i], solo.parallel_log_probs(), atol=1e-5, rtol=0)
+        for i, (mine, solo) in enumerate(zip(rows, alone)):
+            tokens = new[(i + round_) % 3]
+            hidden = features(seqs[i] + tokens, len(seqs[i]) - 1, len(tokens))
+            seqs[i] += tokens
+            mine.observe(tokens, hidden)
+            solo.observe(tokens, hidden)
+
+
+DRAFT_MODULE = {"dflash": lambda w: w["dflash_head"], "pard": lambda w: w["pard_draft"].lm.base_model}
+
+
+def draft_forwards_per_round(target, name, weights, monkeypatch) -> list[tuple[int, int, list[int]]]:
+    """B = 3, rows refilled: per round, (the rows drafting, the rows joining, the row count of each draft forward)."""
+    module, rounds, seen = DRAFT_MODULE[name](weights), [], set()
+    forwards, original = [], type(module).forward
+
+    def counted(self, *args, **kwargs):
+        if self is module:
+            forwards.append(next(x for x in (*args, *kwargs.values()) if torch.is_tensor(x)).shape[0])
+        return original(self, *args, **kwargs)
+
+    real_round = batch_engine.BatchEngine._round
+
+    def round_(self, live, cache):
+        first, rows = len(forwards), {id(row.seq) for row in live.values()}
+        real_round(self, live, cache)
+        rounds.append((len(rows), len(rows - seen), forwards[first:]))
+        seen.update(rows)
+
+    monkeypatch.setattr(type(module), "forward", counted)
+    monkeypatch.setattr(batch_engine.BatchEngine, "_round", round_)
+    batch_decode(target, METHODS[name], weights, 3)
+    return rounds
+
+
+@pytest.mark.parametrize("name", ["dflash", "pard"])
+def test_block_drafters_rows_draft_in_one_forward_a_round(tiny, weights, monkeypatch, name):
+    """DFlash's and PARD's batched rounds are real: every round runs ONE draft forward over all its rows
+    (``TreeHeads.feed_block``), whatever their lengths; the only other draft forwards are the prompt backlogs of
+    rows joining that round, each fed alone (at most one per joining row)."""
+    rounds = draft_forwards_per_round(tiny[0], name, weights, monkeypatch)
+    for rows, joining, forwards in rounds:
+        assert forwards.count(rows) == 1 and len(forwards) <= 1 + joining, (rows, joining, forwards)
+        assert all(f == 1 for f in forwards if f != rows)
+    assert any(rows == 3 and forwards == [3] for rows, _, forwards in rounds)  # shared: one forward, not three
+    assert any(rows > 1 and joining and len(forwards) > 1 for rows, joining, forwards in rounds)  # a refill caught up

@@ -33,7 +33,7 @@ models = one_forward.models_fixture(lambda target: tiny_pard_draft(target, seed=
 def test_one_draft_forward_per_round(models, monkeypatch):
     target, draft = models
     drafter = one_forward.one_per_round(monkeypatch, draft.lm.base_model, target, METHOD, {"pard_draft": draft})
-    assert drafter.depth == 4 and drafter.cache.get_seq_length() == drafter.cached  # no mask slot left in the cache
+    assert drafter.depth == 4 and drafter.cache.get_seq_length() == drafter.committed  # no mask slot left in the cache
 
 
 @torch.no_grad()

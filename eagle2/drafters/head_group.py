@@ -1,10 +1,12 @@
-"""Feature-level heads of several rows drafting together: one head forward for every row's catch-up, then one
-head forward and one drafting LM-head call per depth for all rows, instead of one of each per row.
+"""Feature-level heads (and the one-forward draft models) of several rows drafting together: one head forward for
+every row's catch-up, then one head forward and one drafting LM-head call per depth for all rows, instead of one of
+each per row.
 
 The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()`` to
 their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build their
-trees with a leading row axis over ``TreeHeads`` (P-EAGLE, ``peagle``: its catch-up and one ``feed_slots``), and
-``propose`` is ``propose_batch`` of one row, so the per-row path and the batched one are the same code.
+trees with a leading row axis over ``TreeHeads`` (P-EAGLE, ``peagle``: its catch-up and one ``feed_slots``; DFlash,
+``dflash``, and PARD, ``pard``: one ``feed_block`` each), and for EAGLE / EAGLE-2 ``propose`` is ``propose_batch`` of
+one row, so the per-row path and the batched one are the same code.
 
 ``TreeHeads`` over one row is the row's own head cache and ``HeadRunner``'s catch-up and ``expand``, as ever.
 Over several (or over any on a head compiled for the batch):
@@ -22,6 +24,13 @@ Over several (or over any on a head compiled for the batch):
 - ``expand``: each depth is one head forward over every row's nodes: row b's nodes see its visible columns
   and their own fed ancestors, at positions ``committed[b] + depth - 1``. The tree entries live in the
   stacked cache alone and are dropped with it; the rows' own caches never hold them.
+- ``feed_block`` (what ``catch_up`` and ``feed_slots`` are made of): ONE forward over every row's pending entries
+  and a block of m queries behind each row's own (per-row positions, the padding masked), the forward itself the
+  drafter's (a feature-level head's ``forward_head``; DFlash's draft model, whose pending entries are context
+  features injected as keys and values and send no query, its block seeing itself both ways; PARD's draft LM over
+  token embeddings). The cache layout is the same for all of them (one (kv_heads, length, head_dim) buffer per
+  layer and row), so the stacked cache and the write-back serve every drafter; a drafter's ``feed_backlog``
+  (a fresh prompt fed alone first) is its own.
 
 A shared forward is timed in every row's ``spans`` (each row's draft forward time is the shared call's, as
 each row's verify time is the shared verify's).
@@ -48,13 +57,13 @@ def shared_span(runners):
         yield
 
 
-BACKLOG = 4  # pending pairs a row feeds in the shared catch-up; a longer backlog is fed alone first
+BACKLOG = 4  # pending pairs a row feeds in the shared catch-up (by default); a longer backlog is fed alone first
 
 
 class TreeHeads:
     """The head state of one drafting round over R rows (see the module's docstring)."""
 
-    def __init__(self, runners, reserve: int = 64):
+    def __init__(self, runners, reserve: int = 64, backlog: int = BACKLOG):
         self.runners, self.lead = list(runners), runners[0]
         # the row alone in its own cache, unless the head is compiled for the batch (its B-row buffers)
         self.alone = len(self.runners) == 1 and getattr(self.lead.head, "static_batch", None) is None
@@ -64,7 +73,7 @@ class TreeHeads:
             raise CompileUnsupportedError("a draft head compiled for batch 1 drafts one row at a time: batched "
                                           "drafting needs it compiled for the batch (attach_head(head, rows=B))")
         for r in self.runners:  # a fresh prompt: all its pairs but the last fed in the row's own cache
-            if len(r.pending_tokens) > BACKLOG:
+            if len(r.pending_tokens) > backlog:
                 r.feed_backlog(leave=1)
         lead, device = self.lead, self.lead.device
         committed = [r.committed for r in self.runners]
@@ -77,49 +86,90 @@ class TreeHeads:
         self._fed = 0
         self.fed_ancestors = torch.zeros(len(self.runners), 0, 0, dtype=torch.bool, device=device)  # (R, f, f)
 
+    def pending_inputs(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every row's pending tokens (R, span) and features (R, span, F) (None: the rows read no features),
+        padded with zeros to the longest (``span``)."""
+        lead, device, rows = self.lead, self.lead.device, len(self.runners)
+        span = int(self.pending.max())
+        tokens = torch.zeros(rows, span, dtype=torch.long, device=device)
+        for b, r in enumerate(self.runners):
+            tokens[b, : len(r.pending_tokens)] = torch.tensor(r.pending_tokens, device=device)
+        if not lead.pending_feats:
+            return tokens, None
+        feats = [torch.cat([f.to(device, lead.dtype) for f in r.pending_feats]) for r in self.runners]
+        padded = feats[0].new_zeros((rows, span, feats[0].shape[-1]))
+        for b, f in enumerate(feats):
+            padded[b, : f.shape[0]] = f
+        return tokens, padded
+
     def catch_up(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row feeds its pending pairs; returns (log-probs of the roots' children (R, V), the features
         predicted at the roots (R, H)): one head forward and one LM-head call for all rows."""
         if self.alone:  # ``HeadRunner.catch_up``, as ever
             logp = self.lead.catch_up()
             return logp[None], self.lead.root_feature[None]
-        lead, device, rows = self.lead, self.lead.device, len(self.runners)
-        span = int(self.pending.max())
-        tokens = torch.zeros(rows, span, dtype=torch.long, device=device)
-        feats = [torch.cat([f.to(device, lead.dtype) for f in r.pending_feats]) for r in self.runners]
-        padded = feats[0].new_zeros((rows, span, feats[0].shape[-1]))
-        for b, (r, f) in enumerate(zip(self.runners, feats)):
-            tokens[b, : f.shape[0]] = torch.tensor(r.pending_tokens, device=device)
-            padded[b, : f.shape[0]] = f
-        j = torch.arange(span, device=device)
-        real = j < self.pending[:, None]  # (R, span): a row's own pairs; the rest is padding
-        own = (j[:, None] >= j[None, :])[None] & real[:, None, :]  # pair i sees its row's pairs up to i
-        own |= torch.eye(span, dtype=torch.bool, device=device)  # a padding query sees itself (never an empty row)
-        allowed = torch.cat([self.visible[:, None].expand(rows, span, self.width), own], dim=2)
-        mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, span, width + span)
+        tokens, feats = self.pending_inputs()
+        roots = self.feed_block(lambda positions, mask, cache: forward_head(self.lead.head, tokens, feats, positions,
+                                                                            mask, cache), 0)[:, 0]  # (R, H)
         with shared_span(self.runners):
-            out = forward_head(lead.head, tokens, padded, self.committed[:, None] + j, mask, self.cache)  # (R, span, H)
-            roots = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
-            logp = lead.log_probs_unspanned(roots)
-        self._write_back(span, roots)
-        self.visible = torch.cat([self.visible, real], dim=1)  # (R, width + span)
-        self.width += span
-        self.committed = self.committed + self.pending
-        return logp, roots
+            return self.lead.log_probs_unspanned(roots), roots
 
     def feed_slots(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """ONE head forward over the same ``m`` chain slots behind every row's caught-up entries (``tokens`` (m,),
         ``feats`` (m, H): P-EAGLE's mask slots): row b's slot j sits at position ``committed[b] + j`` and sees the
         row's visible columns and the slots up to j. The slots live in the stacked cache alone (dropped with it).
         Returns the head's outputs at them (R, m, H). Call after ``catch_up``."""
-        lead, device, rows, m = self.lead, self.lead.device, len(self.runners), tokens.shape[0]
-        chain = torch.ones(m, m, dtype=torch.bool, device=device).tril()
-        allowed = torch.cat([self.visible[:, None].expand(rows, m, self.width), chain.expand(rows, m, m)], dim=2)
-        mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, m, width + m)
-        positions = self.committed[:, None] + torch.arange(m, device=device)
+        rows, m = len(self.runners), tokens.shape[0]
+        tokens, feats = tokens.to(self.lead.device).expand(rows, m), feats.expand(rows, m, feats.shape[-1])
+        return self.feed_block(lambda positions, mask, cache: forward_head(self.lead.head, tokens, feats, positions,
+                                                                           mask, cache), m, context_queries=False)
+
+    def feed_block(self, forward, m: int, *, context_queries: bool = True, bidirectional: bool = False):
+        """ONE forward over every row's pending entries (padded to the longest, ``span``) and a block of ``m``
+        queries behind each row's own: row b's pending entry j sits at position ``committed[b] + j``, its block
+        slot i at ``committed[b] + pending[b] + i``. ``forward(positions (R, span + m), mask, cache)`` is the
+        drafter's model call over its inputs (``pending_inputs`` and its block; ``mask`` (R, 1, Q, width + span +
+        m) additive, keys in the order [the rows' past, pending, block]); it returns outputs (R, Q, H) at Q
+        queries: the pending entries' then the block's with ``context_queries``, else the block's alone (DFlash:
+        the context sends no query). A pending query sees the row's visible columns and its own pending entries
+        up to itself; a block query sees those, every pending entry of its row and the block causally (or all of
+        it, ``bidirectional``). Each row's pending entries are then written into its own cache (the row has caught
+        up); the block lives in the stacked cache alone, masked from later queries. Returns the outputs at each
+        row's last pending entry (with ``context_queries``) then at its block: (R, [1 +] m, H)."""
+        device, rows, span = self.lead.device, len(self.runners), int(self.pending.max())
+        positions, mask, real = self._layout(span, m, context_queries, bidirectional)
         with shared_span(self.runners):
-            return forward_head(lead.head, tokens.to(device).expand(rows, m), feats.expand(rows, m, feats.shape[-1]),
-                                positions, mask, self.cache)
+            out = forward(positions, mask, self.cache)
+        if context_queries:
+            last = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
+            out = torch.cat([last[:, None], out[:, span:]], dim=1)
+        if span:  # after a catch-up (P-EAGLE's slots) every row has caught up already
+            self._write_back(span, out[:, 0])
+        self.visible = torch.cat([self.visible, real, real.new_zeros(rows, m)], dim=1)  # (R, width + span + m)
+        self.width += span + m
+        self.committed = self.committed + self.pending
+        self.pending = torch.zeros_like(self.pending)
+        return out
+
+    def _layout(self, span: int, m: int, context_queries: bool, bidirectional: bool):
+        """(positions (R, span + m), additive mask (R, 1, Q, width + span + m), the rows' real pending entries
+        (R, span)) of ``feed_block``."""
+        lead, device, rows = self.lead, self.lead.device, len(self.runners)
+        j, i = torch.arange(span, device=device), torch.arange(m, device=device)
+        real = j < self.pending[:, None]  # (R, span): a row's own pending entries; the rest is padding
+        block = torch.ones(m, m, dtype=torch.bool, device=device)
+        block = (block if bidirectional else block.tril()).expand(rows, m, m)
+        allowed = torch.cat([self.visible[:, None].expand(rows, m, self.width), real[:, None].expand(rows, m, span),
+                             block], dim=2)  # the block's queries
+        if context_queries:
+            own = (j[:, None] >= j[None, :])[None] & real[:, None, :]  # entry j sees its row's entries up to j
+            own |= torch.eye(span, dtype=torch.bool, device=device)  # a padding query sees itself (never an empty row)
+            pending = torch.cat([self.visible[:, None].expand(rows, span, self.width), own,
+                                 own.new_zeros(rows, span, m)], dim=2)
+            allowed = torch.cat([pending, allowed], dim=1)
+        mask = additive_mask(allowed, lead.dtype, device)[0, 0].unsqueeze(1)  # (R, 1, Q, width + span + m)
+        positions = torch.cat([self.committed[:, None] + j, (self.committed + self.pending)[:, None] + i], dim=1)
+        return positions, mask, real
 
     def _write_back(self, span: int, roots: torch.Tensor) -> None:
         """Each row's new entries into its own cache, behind its committed ones: the row has caught up."""

@@ -10,7 +10,8 @@ the best ``total_tokens`` nodes by path value V (the product of confidences), or
 count the cost profile prices best (``eagle2.drafters.budget``), as EAGLE-2 does. The choices are deterministic
 (top-k), so at temperature > 0 they are verified by the rule for deterministically chosen siblings. Every
 drafted node is recorded with its depth, rank and confidence. Rows of a batch draft together
-(``propose_batch``): two head forwards a round for all of them, not one per row.
+(``propose_batch``): two head forwards a round for all of them, not one per row (DFlash and PARD, whose drafters
+are this one but for the forward: one, ``batch_log_probs``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from eagle2.drafters import setting_checks as checks
 from eagle2.drafters.budget import CostProfile, best_budget
 from eagle2.drafters.eagle2_dynamic import ranked
 from eagle2.drafters.eagle_common import HeadRunner, path_log_values, to_host, tree_from_drafted
-from eagle2.drafters.head_group import TreeHeads, shared_span
+from eagle2.drafters.head_group import BACKLOG, TreeHeads, shared_span
 from eagle2.heads.eagle_head import causal_mask
 
 
@@ -33,9 +34,6 @@ def default_choices(depth: int, top_k: int) -> list[list[int]]:
 
 
 class PEagleDrafter(HeadRunner):
-    shared_forward = True  # rows draft in one head forward (``propose_batch``); a subclass whose forward is not a
-    #                        P-EAGLE head's over ``TreeHeads`` sets False and drafts row by row
-
     def __init__(self, head, device, *, depth: int, choices, total_tokens: int, profile: CostProfile | None = None):
         super().__init__(head, None, device)
         self.depth = depth
@@ -61,29 +59,51 @@ class PEagleDrafter(HeadRunner):
         self.caught_up(n, out[n - 1])  # the slots' entries lie past the committed ones: dropped next round
         return self.log_probs(out[n - 1:])
 
+    def ready(self) -> None:
+        """Before a round drafted with other rows: the row has something pending to feed (PARD re-feeds its last
+        token when nothing new was committed; a head's row always has its last pair)."""
+
     def propose(self, root: int, room: int) -> DraftTree:
         return self.tree_of(root, room, self.parallel_log_probs())
 
     @classmethod
     def propose_batch(cls, drafters: list["PEagleDrafter"], roots: list[int], rooms: list[int]) -> list[DraftTree]:
-        """Every row's tree (drafters of equal ``batch_key``): ONE head forward catches every row up
-        (``TreeHeads.catch_up``: depth 1) and ONE more runs the K - 1 mask slots behind every row
-        (``TreeHeads.feed_slots``), then one drafting LM-head call; each row's tree is the one it drafts alone.
-        A head compiled for one row drafts row by row."""
+        """Every row's tree (drafters of equal ``batch_key``): the rows' K depths drafted together
+        (``batch_log_probs``), then each row's tree is the one it drafts alone (``tree_of``). A head compiled for
+        one row (or for the batch) drafts row by row."""
         lead = drafters[0]
-        if len(drafters) == 1 or not cls.shared_forward or getattr(lead.head, "static_decoder", None) is not None \
+        if len(drafters) == 1 or getattr(lead.head, "static_decoder", None) is not None \
                 or getattr(lead.head, "static_batch", None) is not None:
             return [d.propose(root, room) for d, root, room in zip(drafters, roots, rooms)]
-        heads = TreeHeads(drafters)
-        depth_one, _ = heads.catch_up()  # (R, V)
-        log_probs = depth_one[:, None]
-        if lead.depth > 1:
-            tokens, feats = lead.head.mask_slots(lead.depth - 1, lead.device)
-            out = heads.feed_slots(tokens, feats.to(lead.dtype))  # (R, K - 1, H)
-            with shared_span(drafters):
-                deeper = lead.log_probs_unspanned(out.reshape(-1, out.shape[-1]))
-            log_probs = torch.cat([log_probs, deeper.reshape(len(drafters), lead.depth - 1, -1)], dim=1)
+        log_probs = cls.drafted_together(drafters)
         return [d.tree_of(root, room, lp) for d, root, room, lp in zip(drafters, roots, rooms, log_probs)]
+
+    @classmethod
+    def drafted_together(cls, drafters: list["PEagleDrafter"]) -> torch.Tensor:
+        """(R, K, V): every row's ``parallel_log_probs``, the rows drafting together (``batch_log_probs``)."""
+        for d in drafters:
+            d.ready()
+        # a round commits at most its K drafted tokens and the bonus: only a fresh prompt is fed alone first
+        return cls.batch_log_probs(drafters, TreeHeads(drafters, backlog=max(BACKLOG, drafters[0].depth + 1)))
+
+    @classmethod
+    def batch_log_probs(cls, drafters: list["PEagleDrafter"], heads: TreeHeads) -> torch.Tensor:
+        """(R, K, V): every row's ``parallel_log_probs``, drafted together over ``heads``: ONE head forward
+        catches every row up (``TreeHeads.catch_up``: depth 1) and ONE more runs the K - 1 mask slots behind every
+        row (``TreeHeads.feed_slots``), then one drafting LM-head call."""
+        lead = drafters[0]
+        depth_one, _ = heads.catch_up()  # (R, V)
+        if lead.depth == 1:
+            return depth_one[:, None]
+        tokens, feats = lead.head.mask_slots(lead.depth - 1, lead.device)
+        out = heads.feed_slots(tokens, feats.to(lead.dtype))  # (R, K - 1, H)
+        return torch.cat([depth_one[:, None], lead.shared_log_probs(drafters, out)], dim=1)
+
+    def shared_log_probs(self, drafters: list["PEagleDrafter"], out: torch.Tensor) -> torch.Tensor:
+        """ONE drafting LM-head call over every row's outputs ``out`` (R, n, H), timed in every row's spans:
+        (R, n, V)."""
+        with shared_span(drafters):
+            return self.log_probs_unspanned(out.reshape(-1, out.shape[-1])).reshape(*out.shape[:2], -1)
 
     def batch_key(self) -> tuple:
         return (*super().batch_key(), self.depth)  # the slots; each row builds its own tree (tree_of)

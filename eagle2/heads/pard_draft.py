@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eagle2.core.cache import cache_kwargs
 from eagle2.heads.checkpoint import WEIGHT_FILES, checkpoint_folder, load_weight_file
 from eagle2.heads.draft_model import SHARED_KEYS, load_draft_model, save_draft_model
 from eagle2.heads.family import Family
@@ -54,9 +55,18 @@ class PardDraft(nn.Module):
         return None
 
     def inputs_embeds(self, tokens: torch.Tensor, slots: int) -> torch.Tensor:
-        """(n + slots, H): the embeddings of ``tokens`` (n,), then ``slots`` mask slots."""
+        """(..., n + slots, H): the embeddings of ``tokens`` (..., n), then ``slots`` mask slots."""
         embedded = self.lm.get_input_embeddings()(tokens)
-        return torch.cat([embedded, self.mask_embedding.to(embedded.dtype).expand(slots, -1)])
+        mask = self.mask_embedding.to(embedded.dtype).expand(*tokens.shape[:-1], slots, -1)
+        return torch.cat([embedded, mask], dim=-2)
+
+    def hidden(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+               cache) -> torch.Tensor:
+        """The draft LM's last hidden states (B, Q, H) over ``inputs_embeds`` (B, Q, H) at ``position_ids`` (B, Q),
+        the additive ``attention_mask`` (B, 1, Q, past + Q), its entries written into ``cache`` behind the past."""
+        base = self.lm.base_model
+        return base(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
+                    use_cache=True, **cache_kwargs(base, cache)).last_hidden_state
 
 
 def _mask_embedding(folder: Path, draft, raw_config: dict) -> torch.Tensor:
