@@ -178,6 +178,33 @@ def test_head_resume_after_crash(target, corpus, tmp_path):
     assert steps == sorted(set(steps)) == sorted(train_losses(tmp_path / "ref"))  # steps 5-7 logged once
 
 
+def test_head_asked_to_stop_checkpoints_its_step_and_resumes(target, corpus, tmp_path):
+    """``kill -TERM`` between checkpoints (every 4 steps): the run ends at the step it was in, with that step's
+    checkpoint (nothing lost), as a partial run; the same call resumes to an uninterrupted run's weights."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    cfg = head_cfg(epochs=2)
+    ref, _ = train_head(target, corpus, cfg, tmp_path / "ref")
+
+    def ask(step, stats):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    _, part = train_head(target, corpus, cfg, tmp_path / "cut", on_step=ask)
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the run's alone
+    assert part["stopped"] and part["partial"] and part["step"] == 7
+    assert torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["step"] == 7
+    resumed, summary = train_head(target, corpus, cfg, tmp_path / "cut")
+    assert summary["step"] == summary["total_steps"]
+    for a, b in zip(ref.state_dict().values(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_draft_training_loss_decreases_and_round_trip(target, corpus, tmp_path):
     draft, _ = train_draft(target, corpus, draft_cfg(epochs=6), tmp_path / "run")
     kl = train_losses(tmp_path / "run", "kl")  # the soft CE minus the target's entropy

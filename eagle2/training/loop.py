@@ -51,6 +51,7 @@ from eagle2.training.support import distributed
 from eagle2.training.support.losses import evaluate_loss
 from eagle2.training.support.models import trainable_state
 from eagle2.training.support.precision import autocast_dtype
+from eagle2.training.support.stop_request import StopRequest
 from eagle2.training.support.warm_state import load_warm_weights, read_warm_state, warm_rows, write_warm_state
 
 
@@ -158,6 +159,7 @@ class Trainer:
         self.validated_at = -1
         self.saved_at = 0
         self.log: MetricsLog | None = None
+        self.stop = StopRequest()  # kill -TERM: stop at the next step boundary, checkpoint written
 
     def use_plan(self, plan: list[list[list[list[int]]]]) -> None:
         """Train on ``plan`` (per epoch, its steps; per step, one batch of sequence indices per rank): the
@@ -338,7 +340,7 @@ class Trainer:
                 if cfg.val_every and self.step % cfg.val_every == 0 and self.validate_flat():
                     flat = stopped = True
                     break
-                if stop_after is not None and self.step >= stop_after:
+                if (stop_after is not None and self.step >= stop_after) or self.stop.agreed(self.world):
                     stopped = True
                     break
             if self.batch_idx >= len(batches):  # epoch end
@@ -385,4 +387,5 @@ def fit(module: torch.nn.Module, loss_fn: Callable, train_seqs: list[Sequence], 
     trainer = Trainer(module, loss_fn, train_seqs, val_seqs, cfg, out_dir, desc=desc,
                       fingerprint_extra=fingerprint_extra or {}, val_extra=val_extra, featurize=featurize)
     trainer.resume()
-    return trainer.run(stop_after=stop_after, on_step=on_step)
+    with trainer.stop.listening():  # kill -TERM: the checkpoint of the step in progress, then a partial run
+        return trainer.run(stop_after=stop_after, on_step=on_step)
