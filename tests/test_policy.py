@@ -59,7 +59,8 @@ def test_rows_verified_together_decide_together():
 
 
 def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
-    row, prof, choices = policy.RowEstimate(), flat(1.0, 1.0), []
+    """Near break-even (drafting predicted at 1 / 1.1 of plain's rate) the gaps double."""
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 0.1), []
     for _ in range(40):
         choice = policy.decide(prof, [row], depth=1)["policy_choice"]
         choices.append(choice)
@@ -102,6 +103,21 @@ def test_a_new_row_starts_from_its_groups_estimate():
     assert (new.tokens, new.tree_size, new.gap, new.rounds) == (3.0, 5, policy.FIRST_GAP, 1)  # drafting resets gaps
     alone = policy.RowEstimate()
     assert policy.decide(flat(1.0, 0.1), [alone], depth=1)["policy_choice"] == "probe"  # no group: a burst
+
+
+def test_drafting_far_below_plain_waits_the_longest_gap_at_once():
+    """Drafting predicted at half plain's rate (a drafting round costs two plain rounds and appends one token):
+    after the first burst, the next waits LAST_GAP rounds, not FIRST_GAP."""
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 1.0), []
+    for _ in range(2 * policy.LAST_GAP):
+        choices.append(policy.decide(prof, [row], depth=1)["policy_choice"])
+        if choices[-1] != "plain":
+            row.learn(1, 4)
+    burst = ["probe"] * policy.PROBE_ROUNDS
+    assert choices[:policy.PROBE_ROUNDS] == burst
+    gap = policy.LAST_GAP
+    assert choices[policy.PROBE_ROUNDS:policy.PROBE_ROUNDS + gap] == ["plain"] * gap
+    assert choices[policy.PROBE_ROUNDS + gap:2 * policy.PROBE_ROUNDS + gap] == burst
 
 
 def test_a_burst_that_finds_acceptance_back_drafts_and_resets_the_gap():

@@ -15,9 +15,11 @@ exponential mean with weight ``SMOOTHING``): one round's accepted length is a no
 and a mean that follows single rounds too closely crosses the break-even point by chance and skips rounds that
 pay. A plain round learns nothing about acceptance, so after a run of plain rounds a probe burst (``PROBE_ROUNDS``
 drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
-still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays. A row with no
-estimate yet starts with a burst. The decision reads nothing but the profile and the counts, so a seeded run stays
-reproducible.
+still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; where drafting is
+predicted far below plain (under ``FAR_BELOW`` of its rate: acceptance would have to rise by a third to pay, as at
+large batch sizes, where a probe round costs two or more plain rounds), the next burst waits the longest gap at
+once. A row with no estimate yet starts with a burst. The decision reads nothing but the profile and the counts, so
+a seeded run stays reproducible.
 
 Rows verified together probe together: the burst and its gap are the group's (a burst starts when no row of the
 group is in one; every row of the group then gets the same rounds left and the same next gap). A row that joins a
@@ -57,6 +59,7 @@ def resolved_policy(method_cfg, has_profile: bool) -> str:
 SMOOTHING = 0.1  # weight of the newest drafted round in a row's running estimate, once 1 / rounds is below it
 FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from FIRST_GAP while drafting does not pay
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
+FAR_BELOW = 0.75  # drafting predicted under this share of plain's rate: the next burst waits LAST_GAP rounds
 
 
 @dataclass
@@ -119,6 +122,9 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
     else:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
+        if rates[0] < FAR_BELOW * rates[1]:
+            for r in rows:
+                r.gap = LAST_GAP
     for r in rows:
         r.probing = max(r.probing - 1, 0) if choice == "probe" else r.probing
         if choice == "draft":

@@ -66,6 +66,8 @@ def median_rates(results: str) -> dict[tuple[str, int], float]:
 
 def rates(results: str) -> dict[tuple[str, int], float]:
     rows, out = load_rows(results), {}
+    if rows.empty:
+        return out
     for (method, policy, compiled, b), group in rows.groupby(
             [rows.method, rows.method_config.map(lambda c: c.get("policy", "always")),
              rows.compile.str.endswith("true"), rows.batch_size]):
@@ -108,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if not args.print_only:
         run_cells(args, [e for e in extra if e != "--"])
-    print(table(median_rates(args.results)))
+    found = median_rates(args.results)
+    if not found:
+        raise SystemExit(f"no rows under {args.results} (run the cells first: without --print-only)")
+    print(table(found))
     return 0
 
 
