@@ -3,6 +3,7 @@ profiles and counts, the smaller tree, what rows record, and outputs unchanged (
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import pytest
@@ -13,6 +14,7 @@ import eagle2.core.engine as engine
 from eagle2.bench.methods import build_drafter
 from eagle2.core.batch_engine import BatchEngine, BatchRequest
 from eagle2.core.sampling import SamplingParams
+from eagle2.core.tree import DraftTree
 from eagle2.drafters import budget, policy
 from eagle2.drafters.budget import CostProfile
 
@@ -59,8 +61,9 @@ def test_rows_verified_together_decide_together():
 
 
 def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
-    """Near break-even (drafting predicted at 1 / 1.1 of plain's rate) the gaps double."""
-    row, prof, choices = policy.RowEstimate(), flat(1.0, 0.1), []
+    """Near break-even (drafting predicted at 1 / 1.04 of plain's rate, a burst costing 0.12 plain rounds) the
+    gaps double."""
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 0.04), []
     for _ in range(40):
         choice = policy.decide(prof, [row], depth=1)["policy_choice"]
         choices.append(choice)
@@ -118,6 +121,43 @@ def test_drafting_far_below_plain_waits_the_longest_gap_at_once():
     gap = policy.LAST_GAP
     assert choices[policy.PROBE_ROUNDS:policy.PROBE_ROUNDS + gap] == ["plain"] * gap
     assert choices[policy.PROBE_ROUNDS + gap:2 * policy.PROBE_ROUNDS + gap] == burst
+
+
+def test_bursts_that_cost_much_wait_until_probing_is_a_small_share():
+    """A drafting round costing three plain rounds: a burst adds six plain rounds' time, so the next waits
+    6 / PROBE_SHARE = 120 rounds, past LAST_GAP."""
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 2.0), []
+    for _ in range(200):
+        choices.append(policy.decide(prof, [row], depth=1)["policy_choice"])
+        if choices[-1] != "plain":
+            row.learn(2, 4)
+    starts = [i for i, c in enumerate(choices) if c == "probe" and (i == 0 or choices[i - 1] == "plain")]
+    want = math.ceil(policy.PROBE_ROUNDS * 2.0 / policy.PROBE_SHARE)
+    assert want > policy.LAST_GAP and starts == [0, policy.PROBE_ROUNDS + want]
+
+
+def test_a_new_request_starts_from_the_runs_pooled_estimate():
+    class Inner:  # proposes a 5-token tree, hears nothing
+        def propose(self, root, room):
+            return DraftTree.root_only(root)
+
+        def observe(self, new_tokens, hidden):
+            pass
+
+    def choice(drafter):
+        tree = drafter.propose(7, room=100)
+        drafter.drafted_size = 5 if tree.meta["policy_choice"] != "plain" else None
+        return tree.meta["policy_choice"]
+
+    run_state: dict = {}
+    first = policy.PolicyDrafter(Inner(), flat(1.0, 0.1), run_state=run_state)
+    assert choice(first) == "probe"  # the run's first request: a burst
+    first.observe([1, 2, 3], None)  # one drafted round: 3 tokens of a 5-token tree
+    second = policy.PolicyDrafter(Inner(), flat(1.0, 0.1), run_state=run_state)
+    assert choice(second) == "draft"  # 3 tokens / 1.1 s beat plain's 1 / 1 s
+    assert (second.estimate.tokens, second.estimate.tree_size) == (3, 5)
+    alone = policy.PolicyDrafter(Inner(), flat(1.0, 0.1))  # no run state: a burst, as every request before
+    assert choice(alone) == "probe"
 
 
 def test_a_burst_that_finds_acceptance_back_drafts_and_resets_the_gap():

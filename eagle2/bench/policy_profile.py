@@ -53,4 +53,5 @@ def with_policy(drafter, method_cfg, target, chosen: dict, build_at):
     if resolved_policy(method_cfg, chosen.get("cost_profile") is not None) != "pays":
         return drafter
     profile = policy_profile(method_cfg, target, chosen, build_at)
-    return PolicyDrafter(drafter, profile, depth=int(method_cfg.get("depth") or 1))  # draft_s clamps the depth
+    return PolicyDrafter(drafter, profile, depth=int(method_cfg.get("depth") or 1),  # draft_s clamps the depth
+                         run_state=chosen.get("run_state"))

@@ -16,9 +16,12 @@ and a mean that follows single rounds too closely crosses the break-even point b
 pay. A plain round learns nothing about acceptance, so after a run of plain rounds a probe burst (``PROBE_ROUNDS``
 drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
 still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; where drafting is
-predicted far below plain (under ``FAR_BELOW`` of its rate: acceptance would have to rise by a third to pay, as at
-large batch sizes, where a probe round costs two or more plain rounds), the next burst waits the longest gap at
-once. A row with no estimate yet starts with a burst. The decision reads nothing but the profile and the counts, so
+predicted far below plain (under ``FAR_BELOW`` of its rate: acceptance would have to rise by a third to pay), the
+next burst waits the longest gap at once. However the gap grows, a burst that does not pay waits long enough for
+probing to cost at most ``PROBE_SHARE`` of the plain rounds' time (``least_gap``: at large batch sizes a probe
+round costs two or more plain rounds). A row with no estimate yet starts from its group's (below) or, alone, from
+the run's: every drafted round of the run's earlier requests, pooled (``run_state``, emptied after the warm-up);
+the run's first request starts with a burst. The decision reads nothing but the profile and the counts, so
 a seeded run stays reproducible.
 
 Rows verified together probe together: the burst and its gap are the group's (a burst starts when no row of the
@@ -60,6 +63,7 @@ SMOOTHING = 0.1  # weight of the newest drafted round in a row's running estimat
 FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from FIRST_GAP while drafting does not pay
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
 FAR_BELOW = 0.75  # drafting predicted under this share of plain's rate: the next burst waits LAST_GAP rounds
+PROBE_SHARE = 0.05  # the most that probe bursts which do not pay may add to the plain rounds' time
 
 
 @dataclass
@@ -90,9 +94,10 @@ def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -
     return drafting, len(rows) / profile.verify(1)
 
 
-def join_group(rows: list[RowEstimate]) -> None:
-    """A row with no estimate, verified with rows that have one, starts from their mean and their longest gap."""
-    known = [r for r in rows if r.tokens is not None]
+def join_group(rows: list[RowEstimate], prior: RowEstimate | None = None) -> None:
+    """A row with no estimate, verified with rows that have one, starts from their mean and their longest gap;
+    where none has one, from ``prior`` (the run's pooled estimate) if it has one."""
+    known = [r for r in rows if r.tokens is not None] or [p for p in (prior,) if p is not None and p.tokens is not None]
     if not known:
         return
     for r in rows:
@@ -107,14 +112,23 @@ def start_burst(rows: list[RowEstimate]) -> None:
     group's next gap doubles; every row gets the burst's rounds and the same gap."""
     stale = any(r.plain_streak >= r.gap for r in rows if r.tokens is not None)
     gap = max(r.gap for r in rows)
-    gap = min(2 * gap, LAST_GAP) if stale else gap
+    gap = max(gap, min(2 * gap, LAST_GAP)) if stale else gap
     for r in rows:
         r.probing, r.gap = PROBE_ROUNDS, gap
 
 
-def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
-    """This round's choice for ``rows`` verified together, recorded as the tree's meta; updates their streaks."""
-    join_group(rows)
+def least_gap(profile: CostProfile, rows: list[RowEstimate], depth: int) -> int:
+    """Plain rounds between bursts for a burst's extra cost (a drafting round less a plain one, ``PROBE_ROUNDS``
+    times) to be at most ``PROBE_SHARE`` of their time."""
+    q = max(math.ceil(r.tree_size - 1e-9) for r in rows)
+    extra = profile.round_draft(depth) + profile.verify(max(q, 1)) - profile.verify(1)
+    return math.ceil(PROBE_ROUNDS * max(extra, 0.0) / (PROBE_SHARE * profile.verify(1)))
+
+
+def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: RowEstimate | None = None) -> dict:
+    """This round's choice for ``rows`` verified together, recorded as the tree's meta; updates their streaks.
+    ``prior``: where a row and its group have no estimate, the run's."""
+    join_group(rows, prior)
     if any(r.probe_due() for r in rows):
         choice, rates = "probe", (None, None)
         if not any(r.probing for r in rows):
@@ -122,9 +136,10 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int) -> dict:
     else:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
-        if rates[0] < FAR_BELOW * rates[1]:
+        if choice == "plain":
+            floor, far = least_gap(profile, rows, depth), rates[0] < FAR_BELOW * rates[1]
             for r in rows:
-                r.gap = LAST_GAP
+                r.gap = max(LAST_GAP if far else r.gap, floor)
     for r in rows:
         r.probing = max(r.probing - 1, 0) if choice == "probe" else r.probing
         if choice == "draft":
@@ -137,12 +152,14 @@ class PolicyDrafter:
     """A drafter under ``method.policy=pays``: the wrapped drafter's trees on the rounds that pay, the root alone
     on the others (see the module's docstring)."""
 
-    def __init__(self, inner, profile: CostProfile, depth: int = 1):
+    def __init__(self, inner, profile: CostProfile, depth: int = 1, run_state: dict | None = None):
         if hasattr(inner, "observe_target"):
             raise ValueError(f"method.policy=pays cannot skip the rounds of {type(inner).__name__}: it reads the "
                              "target at its own tree nodes (set method.policy=always)")
         self.inner, self.profile, self.depth = inner, profile, depth
         self.estimate, self.drafted_size = RowEstimate(), None  # drafted_size: this round's tree, if drafted
+        # every drafted round of the run's requests, pooled: where a new request starts (None: each afresh)
+        self.run = None if run_state is None else run_state.setdefault("policy", RowEstimate())
 
     def __getattr__(self, name):  # needs_hidden, spans, forward_time, feature_layers, batch_key, ...
         if name == "inner":
@@ -160,7 +177,7 @@ class PolicyDrafter:
         """One decision for the rows (their inner drafters of equal ``batch_key`` when more than one), then their
         inner trees, or each root alone."""
         lead = drafters[0]
-        meta = decide(lead.profile, [d.estimate for d in drafters], lead.depth)
+        meta = decide(lead.profile, [d.estimate for d in drafters], lead.depth, lead.run)
         if meta["policy_choice"] == "plain":
             trees = [DraftTree.root_only(root) for root in roots]
         elif len(drafters) == 1:
@@ -176,3 +193,5 @@ class PolicyDrafter:
         self.inner.observe(new_tokens, hidden)
         if self.drafted_size is not None:
             self.estimate.learn(len(new_tokens), self.drafted_size)
+            if self.run is not None:
+                self.run.learn(len(new_tokens), self.drafted_size)
