@@ -156,6 +156,10 @@ def test_a_new_request_starts_from_the_runs_pooled_estimate():
     second = policy.PolicyDrafter(Inner(), flat(1.0, 0.1), run_state=run_state)
     assert choice(second) == "draft"  # 3 tokens / 1.1 s beat plain's 1 / 1 s
     assert (second.estimate.tokens, second.estimate.tree_size) == (3, 5)
+    gloomy: dict = {"policy": known(0.5, 5)}  # the run's bursts found drafting far below plain
+    third = policy.PolicyDrafter(Inner(), flat(1.0, 0.1), run_state=gloomy)
+    choices = [choice(third) for _ in range(policy.FIRST_GAP + 1)]
+    assert choices == ["plain"] * policy.FIRST_GAP + ["probe"]  # still a burst of its own, at the first gap
     alone = policy.PolicyDrafter(Inner(), flat(1.0, 0.1))  # no run state: a burst, as every request before
     assert choice(alone) == "probe"
 

@@ -21,8 +21,9 @@ next burst waits the longest gap at once. However the gap grows, a burst that do
 probing to cost at most ``PROBE_SHARE`` of the plain rounds' time (``least_gap``: at large batch sizes a probe
 round costs two or more plain rounds). A row with no estimate yet starts from its group's (below) or, alone, from
 the run's: every drafted round of the run's earlier requests, pooled (``run_state``, emptied after the warm-up);
-the run's first request starts with a burst. The decision reads nothing but the profile and the counts, so
-a seeded run stays reproducible.
+the run's first request starts with a burst. A row started from the run's estimate keeps the first gap until a
+burst of its own (each request explores once: one unlucky early burst must not keep a whole run from drafting).
+The decision reads nothing but the profile and the counts, so a seeded run stays reproducible.
 
 Rows verified together probe together: the burst and its gap are the group's (a burst starts when no row of the
 group is in one; every row of the group then gets the same rounds left and the same next gap). A row that joins a
@@ -76,9 +77,10 @@ class RowEstimate:
     plain_streak: int = 0  # plain rounds since the last drafted one
     gap: int = FIRST_GAP  # plain rounds before the next probe burst
     probing: int = 0  # drafted rounds left in the current probe burst
+    borrowed: bool = False  # the estimate is the run's, not yet this row's own (its gap stays FIRST_GAP)
 
     def learn(self, appended: int, tree_size: int) -> None:
-        self.rounds += 1
+        self.rounds, self.borrowed = self.rounds + 1, False
         weight = max(SMOOTHING, 1.0 / self.rounds)  # the first rounds averaged equally (bias-corrected)
         self.tokens = appended if self.tokens is None else self.tokens + weight * (appended - self.tokens)
         self.tree_size = tree_size if self.tree_size is None else self.tree_size + weight * (tree_size - self.tree_size)
@@ -97,14 +99,17 @@ def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -
 def join_group(rows: list[RowEstimate], prior: RowEstimate | None = None) -> None:
     """A row with no estimate, verified with rows that have one, starts from their mean and their longest gap;
     where none has one, from ``prior`` (the run's pooled estimate) if it has one."""
-    known = [r for r in rows if r.tokens is not None] or [p for p in (prior,) if p is not None and p.tokens is not None]
+    known = [r for r in rows if r.tokens is not None]
+    borrowed = not known
+    known = known or [p for p in (prior,) if p is not None and p.tokens is not None]
     if not known:
         return
     for r in rows:
         if r.tokens is None:
             r.tokens = sum(k.tokens for k in known) / len(known)
             r.tree_size = sum(k.tree_size for k in known) / len(known)
-            r.rounds, r.gap = 1, max(k.gap for k in known)  # the prior counts as one round of its own
+            r.rounds = 1  # the prior counts as one round of its own
+            r.gap, r.borrowed = (FIRST_GAP, True) if borrowed else (max(k.gap for k in known), False)
 
 
 def start_burst(rows: list[RowEstimate]) -> None:
@@ -139,7 +144,7 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: Row
         if choice == "plain":
             floor, far = least_gap(profile, rows, depth), rates[0] < FAR_BELOW * rates[1]
             for r in rows:
-                r.gap = max(LAST_GAP if far else r.gap, floor)
+                r.gap = r.gap if r.borrowed else max(LAST_GAP if far else r.gap, floor)
     for r in rows:
         r.probing = max(r.probing - 1, 0) if choice == "probe" else r.probing
         if choice == "draft":
