@@ -99,6 +99,26 @@ def test_a_refilled_batch_probes_together_at_growing_gaps():
     assert choices.count("plain") > 0.85 * len(choices)
 
 
+def test_row_turnover_keeps_the_groups_burst_schedule():
+    """Requests shorter than the longest gap (20-40 rounds), four verified together, refilled one by one: a row that
+    joins takes the group's plain streak too, so the group still probes on its schedule (else no row ever lives
+    long enough to reach the gap, and one pessimistic burst would keep the batch plain for good)."""
+    rng, prof = __import__("random").Random(1), flat(1.0, 1.0)
+    rows = [policy.RowEstimate() for _ in range(4)]
+    left = [rng.randint(20, 40) for _ in rows]
+    choices = []
+    for _ in range(400):
+        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
+        for i, row in enumerate(rows):
+            if choices[-1] != "plain":
+                row.learn(1, 4)
+            left[i] -= 1
+            if left[i] == 0:
+                rows[i], left[i] = policy.RowEstimate(), rng.randint(20, 40)
+    later = burst_starts(choices)[2:]  # after the first two bursts: at the longest gap, whatever the turnover
+    assert len(later) >= 4 and all(b - a == policy.PROBE_ROUNDS + policy.LAST_GAP for a, b in zip(later, later[1:]))
+
+
 def test_a_new_row_starts_from_its_groups_estimate():
     old, new = known(3.0, 5), policy.RowEstimate()
     old.gap = 32
@@ -108,32 +128,37 @@ def test_a_new_row_starts_from_its_groups_estimate():
     assert policy.decide(flat(1.0, 0.1), [alone], depth=1)["policy_choice"] == "probe"  # no group: a burst
 
 
-def test_drafting_far_below_plain_waits_the_longest_gap_at_once():
-    """Drafting predicted at half plain's rate (a drafting round costs two plain rounds and appends one token):
-    after the first burst, the next waits LAST_GAP rounds, not FIRST_GAP."""
-    row, prof, choices = policy.RowEstimate(), flat(1.0, 1.0), []
-    for _ in range(2 * policy.LAST_GAP):
+def burst_starts(choices: list[str]) -> list[int]:
+    return [i for i, c in enumerate(choices) if c == "probe" and (i == 0 or choices[i - 1] == "plain")]
+
+
+def never_paying(prof: CostProfile, appended: int, rounds: int) -> list[str]:
+    """A row's choices over ``rounds`` rounds, each drafted round appending ``appended`` tokens."""
+    row, choices = policy.RowEstimate(), []
+    for _ in range(rounds):
         choices.append(policy.decide(prof, [row], depth=1)["policy_choice"])
         if choices[-1] != "plain":
-            row.learn(1, 4)
-    burst = ["probe"] * policy.PROBE_ROUNDS
-    assert choices[:policy.PROBE_ROUNDS] == burst
-    gap = policy.LAST_GAP
-    assert choices[policy.PROBE_ROUNDS:policy.PROBE_ROUNDS + gap] == ["plain"] * gap
-    assert choices[policy.PROBE_ROUNDS + gap:2 * policy.PROBE_ROUNDS + gap] == burst
+            row.learn(appended, 4)
+    return choices
+
+
+def test_drafting_far_below_plain_waits_the_longest_gap_once_two_bursts_agree():
+    """Drafting predicted at half plain's rate (a drafting round costs two plain rounds and appends one token):
+    one burst's three rounds are too few to wait long on, so the second comes after FIRST_GAP; after it, the next
+    waits LAST_GAP rounds."""
+    choices = never_paying(flat(1.0, 1.0), 1, 3 * policy.LAST_GAP)
+    second = policy.PROBE_ROUNDS + policy.FIRST_GAP
+    assert policy.SURE_ROUNDS == 2 * policy.PROBE_ROUNDS
+    assert burst_starts(choices)[:3] == [0, second, second + policy.PROBE_ROUNDS + policy.LAST_GAP]
 
 
 def test_bursts_that_cost_much_wait_until_probing_is_a_small_share():
-    """A drafting round costing three plain rounds: a burst adds six plain rounds' time, so the next waits
-    6 / PROBE_SHARE = 120 rounds, past LAST_GAP."""
-    row, prof, choices = policy.RowEstimate(), flat(1.0, 2.0), []
-    for _ in range(200):
-        choices.append(policy.decide(prof, [row], depth=1)["policy_choice"])
-        if choices[-1] != "plain":
-            row.learn(2, 4)
-    starts = [i for i, c in enumerate(choices) if c == "probe" and (i == 0 or choices[i - 1] == "plain")]
+    """A drafting round costing three plain rounds: a burst adds six plain rounds' time, so after two bursts the
+    next waits 6 / PROBE_SHARE = 120 rounds, past LAST_GAP."""
+    choices = never_paying(flat(1.0, 2.0), 2, 250)
     want = math.ceil(policy.PROBE_ROUNDS * 2.0 / policy.PROBE_SHARE)
-    assert want > policy.LAST_GAP and starts == [0, policy.PROBE_ROUNDS + want]
+    second = policy.PROBE_ROUNDS + policy.FIRST_GAP
+    assert want > policy.LAST_GAP and burst_starts(choices)[:3] == [0, second, second + policy.PROBE_ROUNDS + want]
 
 
 def test_a_new_request_starts_from_the_runs_pooled_estimate():

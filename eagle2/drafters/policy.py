@@ -17,9 +17,10 @@ pay. A plain round learns nothing about acceptance, so after a run of plain roun
 drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
 still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; where drafting is
 predicted far below plain (under ``FAR_BELOW`` of its rate: acceptance would have to rise by a third to pay), the
-next burst waits the longest gap at once. However the gap grows, a burst that does not pay waits long enough for
-probing to cost at most ``PROBE_SHARE`` of the plain rounds' time (``least_gap``: at large batch sizes a probe
-round costs two or more plain rounds). A row with no estimate yet starts from its group's (below) or, alone, from
+next burst waits the longest gap at once, and however the gap grows, a burst that does not pay waits long enough
+for probing to cost at most ``PROBE_SHARE`` of the plain rounds' time (``least_gap``: at large batch sizes a probe
+round costs two or more plain rounds); both once the estimate rests on two bursts (``SURE_ROUNDS``), not on one
+burst's three noisy rounds. A row with no estimate yet starts from its group's (below) or, alone, from
 the run's: every drafted round of the run's earlier requests, pooled (``run_state``, emptied after the warm-up);
 the run's first request starts with a burst. A row started from the run's estimate keeps the first gap until a
 burst of its own (each request explores once: one unlucky early burst must not keep a whole run from drafting).
@@ -65,6 +66,7 @@ FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from 
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
 FAR_BELOW = 0.75  # drafting predicted under this share of plain's rate: the next burst waits LAST_GAP rounds
 PROBE_SHARE = 0.05  # the most that probe bursts which do not pay may add to the plain rounds' time
+SURE_ROUNDS = 2 * PROBE_ROUNDS  # drafted rounds an estimate needs before the long gaps apply
 
 
 @dataclass
@@ -110,6 +112,8 @@ def join_group(rows: list[RowEstimate], prior: RowEstimate | None = None) -> Non
             r.tree_size = sum(k.tree_size for k in known) / len(known)
             r.rounds = 1  # the prior counts as one round of its own
             r.gap, r.borrowed = (FIRST_GAP, True) if borrowed else (max(k.gap for k in known), False)
+            if not borrowed:  # the group's schedule: its next burst comes when it would have without the new row
+                r.plain_streak = max(k.plain_streak for k in known)
 
 
 def start_burst(rows: list[RowEstimate]) -> None:
@@ -141,7 +145,7 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: Row
     else:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
-        if choice == "plain":
+        if choice == "plain" and max(r.rounds for r in rows) >= SURE_ROUNDS:
             floor, far = least_gap(profile, rows, depth), rates[0] < FAR_BELOW * rates[1]
             for r in rows:
                 r.gap = r.gap if r.borrowed else max(LAST_GAP if far else r.gap, floor)
