@@ -91,11 +91,15 @@ class RowEstimate:
         return self.tokens is None or self.probing > 0 or self.plain_streak >= self.gap
 
 
+def drafting_seconds(profile: CostProfile, rows: list[RowEstimate], depth: int) -> float:
+    """A drafting round's predicted seconds for ``rows`` verified together (padded to the largest running tree)."""
+    q = max(math.ceil(r.tree_size - 1e-9) for r in rows)
+    return profile.round_draft(depth) + profile.verify(max(q, 1))
+
+
 def predicted_rates(profile: CostProfile, rows: list[RowEstimate], depth: int) -> tuple[float, float]:
     """(tokens per second of a drafting round, of a plain round) for ``rows`` verified together."""
-    q = max(math.ceil(r.tree_size - 1e-9) for r in rows)
-    drafting = sum(r.tokens for r in rows) / (profile.round_draft(depth) + profile.verify(max(q, 1)))
-    return drafting, len(rows) / profile.verify(1)
+    return sum(r.tokens for r in rows) / drafting_seconds(profile, rows, depth), len(rows) / profile.verify(1)
 
 
 def join_group(rows: list[RowEstimate], prior: RowEstimate | None = None) -> None:
@@ -129,8 +133,7 @@ def start_burst(rows: list[RowEstimate]) -> None:
 def least_gap(profile: CostProfile, rows: list[RowEstimate], depth: int) -> int:
     """Plain rounds between bursts for a burst's extra cost (a drafting round less a plain one, ``PROBE_ROUNDS``
     times) to be at most ``PROBE_SHARE`` of their time."""
-    q = max(math.ceil(r.tree_size - 1e-9) for r in rows)
-    extra = profile.round_draft(depth) + profile.verify(max(q, 1)) - profile.verify(1)
+    extra = drafting_seconds(profile, rows, depth) - profile.verify(1)
     return math.ceil(PROBE_ROUNDS * max(extra, 0.0) / (PROBE_SHARE * profile.verify(1)))
 
 
