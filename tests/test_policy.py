@@ -4,6 +4,7 @@ profiles and counts, the smaller tree, what rows record, and outputs unchanged (
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 
 import pytest
@@ -70,11 +71,29 @@ def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
         if choice != "plain":
             row.learn(1, 4)  # each drafted round accepts nothing
     assert "draft" not in choices
-    starts = [i for i, c in enumerate(choices) if c == "probe" and (i == 0 or choices[i - 1] == "plain")]
+    starts = burst_starts(choices)
     assert starts[0] == 0 and all(choices[i:i + policy.PROBE_ROUNDS] == ["probe"] * policy.PROBE_ROUNDS
                                   for i in starts)
     gaps = [b - a - policy.PROBE_ROUNDS for a, b in zip(starts, starts[1:])]
     assert gaps == [policy.FIRST_GAP * 2 ** i for i in range(len(gaps))] and len(gaps) >= 2
+
+
+def refilled_batch(seed: int, lifetimes: tuple[int, int], rounds: int = 400) -> list[str]:
+    """The choices of four rows verified together under a profile where drafting never pays (each drafted round
+    appends one token at twice a plain round's cost), each row replaced by a new request after a seeded lifetime."""
+    rng, prof = random.Random(seed), flat(1.0, 1.0)
+    rows = [policy.RowEstimate() for _ in range(4)]
+    left = [rng.randint(*lifetimes) for _ in rows]
+    choices = []
+    for _ in range(rounds):
+        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
+        for i, row in enumerate(rows):
+            if choices[-1] != "plain":
+                row.learn(1, 4)  # each drafted round accepts nothing
+            left[i] -= 1
+            if left[i] == 0:
+                rows[i], left[i] = policy.RowEstimate(), rng.randint(*lifetimes)
+    return choices
 
 
 def test_a_refilled_batch_probes_together_at_growing_gaps():
@@ -82,18 +101,7 @@ def test_a_refilled_batch_probes_together_at_growing_gaps():
     rows share their bursts (a row in a burst does not restart one for the others) and a new row starts from the
     group's estimate, so the gaps still grow and most rounds are plain (before the group's burst, the staggered
     rows restarted each other's bursts and every round was a probe)."""
-    rng, prof = __import__("random").Random(0), flat(1.0, 1.0)
-    rows = [policy.RowEstimate() for _ in range(4)]
-    left = [rng.randint(40, 90) for _ in rows]
-    choices = []
-    for _ in range(400):
-        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
-        for i, row in enumerate(rows):
-            if choices[-1] != "plain":
-                row.learn(1, 4)  # each drafted round accepts nothing
-            left[i] -= 1
-            if left[i] == 0:
-                rows[i], left[i] = policy.RowEstimate(), rng.randint(40, 90)
+    choices = refilled_batch(seed=0, lifetimes=(40, 90))
     assert "draft" not in choices
     assert choices[300:].count("probe") <= 2 * policy.PROBE_ROUNDS  # gaps of 64 by then
     assert choices.count("plain") > 0.85 * len(choices)
@@ -103,18 +111,7 @@ def test_row_turnover_keeps_the_groups_burst_schedule():
     """Requests shorter than the longest gap (20-40 rounds), four verified together, refilled one by one: a row that
     joins takes the group's plain streak too, so the group still probes on its schedule (else no row ever lives
     long enough to reach the gap, and one pessimistic burst would keep the batch plain for good)."""
-    rng, prof = __import__("random").Random(1), flat(1.0, 1.0)
-    rows = [policy.RowEstimate() for _ in range(4)]
-    left = [rng.randint(20, 40) for _ in rows]
-    choices = []
-    for _ in range(400):
-        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
-        for i, row in enumerate(rows):
-            if choices[-1] != "plain":
-                row.learn(1, 4)
-            left[i] -= 1
-            if left[i] == 0:
-                rows[i], left[i] = policy.RowEstimate(), rng.randint(20, 40)
+    choices = refilled_batch(seed=1, lifetimes=(20, 40))
     later = burst_starts(choices)[2:]  # after the first two bursts: at the longest gap, whatever the turnover
     assert len(later) >= 4 and all(b - a == policy.PROBE_ROUNDS + policy.LAST_GAP for a, b in zip(later, later[1:]))
 
