@@ -13,7 +13,9 @@ SDPA over its keys alone. Either would need the per-row path padded the same way
 Negative controls (by hand, once): ``TreeHeads.expand`` fed each row its neighbour's parent features
 (``parent_features.roll(1, dims=0)``): ``test_batched_trees_equal_per_row_trees`` failed for every method; the
 shared catch-up writing each row's new head entries into its neighbour's cache (``TreeHeads._write_back``): it
-failed for every method.
+failed for every method. Rows far behind sharing the catch-up with their pending positions one too far from the
+fifth pair on (``TreeHeads._layout``, past ``BACKLOG``): ``test_rows_behind_together_catch_up_in_one_forward``
+failed.
 """
 
 from __future__ import annotations
@@ -122,8 +124,64 @@ def test_one_head_forward_per_depth_for_every_row(tiny, weights):  # noqa: F811
     shared = [s for s in shapes if s[0] > 1]  # (rows, positions) of the calls over several rows
     assert shared and len(shared) % depth == 0  # every round over several rows: a catch-up, then depth - 1 depths
     rounds = [shared[i: i + depth] for i in range(0, len(shared), depth)]
-    assert all(r[0][1] <= head_group.BACKLOG and all(s[1] == 4 for s in r[1:]) for r in rounds), rounds[:3]
+    # the first round catches up the rows' prompts together (lengths 3, 6, 1: none far past the others')
+    assert all(r[0][1] <= head_group.BACKLOG for r in rounds[1:]) and rounds[0][0][1] <= max(map(len, PROMPTS))
+    assert all(s[1] == 4 for r in rounds for s in r[1:]), rounds[:3]
     assert (3, 4) in shared  # all live rows at once, top_k nodes each
+
+
+def test_rows_far_behind_the_group_feed_their_backlog_alone():
+    """``fed_alone``: only a backlog past ``backlog`` and past twice the group's median is fed alone first."""
+    assert head_group.fed_alone([2, 3, 2], 4) == [False] * 3
+    assert head_group.fed_alone([2, 3, 40], 4) == [False, False, True]  # a fresh prompt among drafting rows
+    assert head_group.fed_alone([9, 12, 10, 11], 4) == [False] * 4  # plain rounds: all behind together
+    assert head_group.fed_alone([30, 40, 200], 4) == [False, False, True]
+    assert head_group.fed_alone([7], 4) == [False]
+
+
+@torch.no_grad()
+def test_rows_behind_together_catch_up_in_one_forward(tiny, weights):  # noqa: F811
+    """Rows that fell behind together (five plain rounds of the round policy, 5-8 pairs pending each, past
+    ``BACKLOG``) catch up in ONE head forward over every row, and each row's root distribution and root feature
+    are the ones it computes alone, to 1e-5; a row joining with a long prompt is fed alone first, then shares."""
+    from tests.test_batch import sharpened
+
+    target, head = tiny[0], sharpened(weights["head"])
+    width = target.config.hidden_size
+    torch.manual_seed(0)
+    prompts = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [8, 2, 6], [3] * 30]
+    method, own = METHODS["eagle2"], {**weights, "head": head}
+    rows, alone = [], []
+
+    def join(i):
+        hidden = torch.randn(len(prompts[i]), width)
+        for group in (rows, alone):
+            group.append(drafter(target, method, own))
+            group[-1].start(prompts[i], 4, hidden)
+
+    shapes = []
+    hook = head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape[:2])))
+    try:
+        for i in range(3):
+            join(i)
+        for round_ in range(3):
+            if round_ == 2:
+                join(3)
+            shapes.clear()
+            logp, roots = head_group.TreeHeads(rows).catch_up()
+            counts = [s[0] for s in shapes]
+            assert counts == ([1, len(rows)] if round_ == 2 else [len(rows)]), (round_, shapes)
+            for i, solo in enumerate(alone):
+                torch.testing.assert_close(logp[i], solo.catch_up(), atol=1e-5, rtol=0)
+                torch.testing.assert_close(roots[i], solo.root_feature, atol=1e-5, rtol=0)
+            for _ in range(5):  # plain rounds: every row commits one or two tokens, drafts nothing
+                for i, (mine, solo) in enumerate(zip(rows, alone)):
+                    tokens = [int(t) for t in torch.randint(2, target.config.vocab_size, (1 + (i + _) % 2,))]
+                    hidden = torch.randn(len(tokens), width)
+                    mine.observe(tokens, hidden)
+                    solo.observe(tokens, hidden)
+    finally:
+        hook.remove()
 
 
 def test_rows_that_cannot_batch_draft_alone(tiny, weights):  # noqa: F811

@@ -17,8 +17,9 @@ Over several (or over any on a head compiled for the batch):
   the rows and queries padded to static shapes, the padding masked) and every forward below is the head's
   compiled one; the rows' own caches stay eager, so a fresh prompt's backlog is fed eagerly.
 - ``catch_up``: ONE head forward over every row's pending (token, feature) pairs, padded to the longest
-  (the last round's accepted tokens plus one; a row with a longer backlog, a fresh prompt, feeds all but
-  its last pair alone first), written at columns ``width..``: row b's pair j sees its own prefix and its
+  (the last round's accepted tokens plus one, or the plain rounds' tokens where the round policy stepped aside;
+  a row whose backlog is far past the group's, a fresh prompt, feeds all but its last pair alone first,
+  ``fed_alone``), written at columns ``width..``: row b's pair j sees its own prefix and its
   own pairs up to j, at position ``committed[b] + j``. Each row's new entries are copied into its own cache
   (its next round starts there), and ONE drafting LM-head call gives every row's root distribution.
 - ``expand``: each depth is one head forward over every row's nodes: row b's nodes see its visible columns
@@ -57,7 +58,16 @@ def shared_span(runners):
         yield
 
 
-BACKLOG = 4  # pending pairs a row feeds in the shared catch-up (by default); a longer backlog is fed alone first
+BACKLOG = 4  # pending pairs any row may feed in the shared catch-up (by default); see ``fed_alone``
+
+
+def fed_alone(pending: list[int], backlog: int) -> list[bool]:
+    """Which rows feed their backlog alone before the shared catch-up, given each row's pending count: a row past
+    ``backlog`` pairs AND past twice the group's (lower) median, i.e. a fresh prompt among rows that drafted
+    lately. Rows that fell behind together (the plain rounds of the round policy, ``eagle2.drafters.policy``)
+    catch up in the one shared forward, padded to the longest: little padding, one forward instead of R."""
+    limit = max(backlog, 2 * sorted(pending)[(len(pending) - 1) // 2])
+    return [n > limit for n in pending]
 
 
 class TreeHeads:
@@ -72,8 +82,8 @@ class TreeHeads:
         if getattr(self.lead.head, "static_decoder", None) is not None:  # its one buffer holds one row
             raise CompileUnsupportedError("a draft head compiled for batch 1 drafts one row at a time: batched "
                                           "drafting needs it compiled for the batch (attach_head(head, rows=B))")
-        for r in self.runners:  # a fresh prompt: all its pairs but the last fed in the row's own cache
-            if len(r.pending_tokens) > backlog:
+        for r, alone in zip(self.runners, fed_alone([len(r.pending_tokens) for r in self.runners], backlog)):
+            if alone:  # a fresh prompt: all its pairs but the last fed in the row's own cache
                 r.feed_backlog(leave=1)
         lead, device = self.lead, self.lead.device
         committed = [r.committed for r in self.runners]
