@@ -297,13 +297,15 @@ def sharpened(module):
     return module
 
 
-@pytest.mark.parametrize("name", ONE_FORWARD)
+@pytest.mark.parametrize("name, depth", [(name, None) for name in ONE_FORWARD] + [("peagle", 1)])
 @torch.no_grad()
-def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name):
+def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name, depth):
     """Rows at different lengths drafting together (``drafted_together``), a third joining in the second round with
     a fresh prompt to catch up, each with its own number of new tokens a round: every row's K distributions are the
-    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round."""
+    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round (P-EAGLE at
+    ``depth`` 1 too: no mask slot, the catch-up alone)."""
     target, kind = tiny[0], WEIGHT_KIND[name]
+    method = METHODS[name] if depth is None else {**METHODS[name], "depth": depth}
     own = {kind: sharpened(weights[kind])}
     layers = getattr(own[kind], "feature_layers", None)
     prompts, new = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10]], [[1], [2, 3, 5], [6, 7]]
@@ -317,9 +319,10 @@ def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, we
         if round_ < 2:  # rows 0 and 1 start together, row 2 joins with its whole prompt pending
             for i in ((0, 1) if round_ == 0 else (2,)):
                 for group in (rows, alone):
-                    group.append(drafter(target, METHODS[name], own))
+                    group.append(drafter(target, method, own))
                     group[-1].start(prompts[i], 4, features(seqs[i], 0, len(prompts[i])))
         together = type(rows[0]).drafted_together(rows)
+        assert together.shape[1] == rows[0].depth
         for i, solo in enumerate(alone):
             torch.testing.assert_close(together[i], solo.parallel_log_probs(), atol=1e-5, rtol=0)
         for i, (mine, solo) in enumerate(zip(rows, alone)):
