@@ -6,8 +6,8 @@ At T > 0 every row with its own seeded generator decodes exactly what the batch-
 The one-forward drafters (P-EAGLE, DFlash, PARD: the rows of a round draft together, ``eagle2.drafters.head_group``)
 draft in a batch what they draft at batch 1: per row, at T = 0 and T > 0, with rows refilled mid-run (rows at
 different lengths, a joining row's prompt to catch up), the same outputs, accepted lengths and drafted nodes
-(confidences to float32 rounding); and their rounds are shared: P-EAGLE's two head forwards, DFlash's and PARD's
-one draft forward a round over every row.
+(confidences to float32 rounding); and their rounds are shared: ONE draft forward a round over every row (P-EAGLE's
+head, DFlash's and PARD's draft models).
 
 Negative controls, each caught: one prefix length for the whole batch (a row's queries see the stale entries
 between its own length and the batch width), positions from the batch width instead of the row's own
@@ -282,23 +282,6 @@ def test_the_one_forward_check_catches_broken_batched_drafting(tiny, weights, mo
     assert drafted(batched) != drafted(one)  # but not what batch 1 drafts
 
 
-def test_peagle_rows_draft_in_two_head_forwards_a_round(tiny, weights, monkeypatch):
-    """P-EAGLE's batched rounds are real: the rows' catch-up and their mask slots are one head forward each over
-    all rows (``TreeHeads``), not one forward per row; the per-row path never runs while rows draft together."""
-    from eagle2.drafters import head_group
-    from eagle2.drafters.peagle import PEagleDrafter
-
-    forwards, alone = [], []
-    shared = head_group.forward_head
-    monkeypatch.setattr(head_group, "forward_head", lambda head, tokens, *a: forwards.append(tokens.shape[0])
-                        or shared(head, tokens, *a))
-    own = PEagleDrafter.parallel_log_probs
-    monkeypatch.setattr(PEagleDrafter, "parallel_log_probs", lambda self: alone.append(1) or own(self))
-    batch_decode(tiny[0], METHODS["peagle"], weights, 3)
-    assert forwards.count(3) >= 2 * 3 and max(forwards) == 3  # rounds of three rows: catch-up and slots, shared
-    assert len(alone) < len(forwards)  # row by row only where a row drafts alone (the queue's tail)
-
-
 WEIGHT_KIND = {"peagle": "peagle_head", "dflash": "dflash_head", "pard": "pard_draft"}
 
 
@@ -314,13 +297,15 @@ def sharpened(module):
     return module
 
 
-@pytest.mark.parametrize("name", ONE_FORWARD)
+@pytest.mark.parametrize("name, depth", [(name, None) for name in ONE_FORWARD] + [("peagle", 1)])
 @torch.no_grad()
-def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name):
+def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, weights, name, depth):
     """Rows at different lengths drafting together (``drafted_together``), a third joining in the second round with
     a fresh prompt to catch up, each with its own number of new tokens a round: every row's K distributions are the
-    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round."""
+    ones it drafts alone (``parallel_log_probs``), to 1e-5 in log-probability, round after round (P-EAGLE at
+    ``depth`` 1 too: no mask slot, the catch-up alone)."""
     target, kind = tiny[0], WEIGHT_KIND[name]
+    method = METHODS[name] if depth is None else {**METHODS[name], "depth": depth}
     own = {kind: sharpened(weights[kind])}
     layers = getattr(own[kind], "feature_layers", None)
     prompts, new = [[2, 5, 3], [7, 7, 3, 9, 4, 11], [1 + 3, 8, 8, 2, 6, 5, 9, 12, 10]], [[1], [2, 3, 5], [6, 7]]
@@ -334,9 +319,10 @@ def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, we
         if round_ < 2:  # rows 0 and 1 start together, row 2 joins with its whole prompt pending
             for i in ((0, 1) if round_ == 0 else (2,)):
                 for group in (rows, alone):
-                    group.append(drafter(target, METHODS[name], own))
+                    group.append(drafter(target, method, own))
                     group[-1].start(prompts[i], 4, features(seqs[i], 0, len(prompts[i])))
         together = type(rows[0]).drafted_together(rows)
+        assert together.shape[1] == rows[0].depth
         for i, solo in enumerate(alone):
             torch.testing.assert_close(together[i], solo.parallel_log_probs(), atol=1e-5, rtol=0)
         for i, (mine, solo) in enumerate(zip(rows, alone)):
@@ -347,7 +333,8 @@ def test_one_forward_rows_drafted_together_give_their_own_distributions(tiny, we
             solo.observe(tokens, hidden)
 
 
-DRAFT_MODULE = {"dflash": lambda w: w["dflash_head"], "pard": lambda w: w["pard_draft"].lm.base_model}
+DRAFT_MODULE = {"peagle": lambda w: w["peagle_head"], "dflash": lambda w: w["dflash_head"],
+                "pard": lambda w: w["pard_draft"].lm.base_model}
 
 
 def draft_forwards_per_round(target, name, weights, monkeypatch) -> list[tuple[int, int, list[int]]]:
@@ -374,11 +361,12 @@ def draft_forwards_per_round(target, name, weights, monkeypatch) -> list[tuple[i
     return rounds
 
 
-@pytest.mark.parametrize("name", ["dflash", "pard"])
-def test_block_drafters_rows_draft_in_one_forward_a_round(tiny, weights, monkeypatch, name):
-    """DFlash's and PARD's batched rounds are real: every round runs ONE draft forward over all its rows
-    (``TreeHeads.feed_block``), whatever their lengths; the only other draft forwards are the prompt backlogs of
-    rows joining that round, each fed alone (at most one per joining row)."""
+@pytest.mark.parametrize("name", ONE_FORWARD)
+def test_one_forward_drafters_rows_draft_in_one_forward_a_round(tiny, weights, monkeypatch, name):
+    """P-EAGLE's, DFlash's and PARD's batched rounds are real: every round runs ONE draft forward over all its rows
+    (``TreeHeads.feed_block``: the rows' catch-up and their slots or block together), whatever their lengths; the
+    only other draft forwards are the prompt backlogs of rows joining that round, each fed alone (at most one per
+    joining row), and the per-row path never runs while rows draft together."""
     rounds = draft_forwards_per_round(tiny[0], name, weights, monkeypatch)
     for rows, joining, forwards in rounds:
         assert forwards.count(rows) == 1 and len(forwards) <= 1 + joining, (rows, joining, forwards)

@@ -4,8 +4,8 @@ each per row.
 
 The batch engine (``eagle2.core.engine.propose_rows``) hands the rows whose drafters have equal ``batch_key()`` to
 their class's ``propose_batch``; EAGLE (``eagle_static``) and EAGLE-2 / EAGLE-3 (``eagle2_dynamic``) build their
-trees with a leading row axis over ``TreeHeads`` (P-EAGLE, ``peagle``: its catch-up and one ``feed_slots``; DFlash,
-``dflash``, and PARD, ``pard``: one ``feed_block`` each), and for EAGLE / EAGLE-2 ``propose`` is ``propose_batch`` of
+trees with a leading row axis over ``TreeHeads`` (the one-forward drafters, P-EAGLE, ``peagle``, DFlash, ``dflash``,
+and PARD, ``pard``: one ``feed_block`` each), and for EAGLE / EAGLE-2 ``propose`` is ``propose_batch`` of
 one row, so the per-row path and the batched one are the same code.
 
 ``TreeHeads`` over one row is the row's own head cache and ``HeadRunner``'s catch-up and ``expand``, as ever.
@@ -25,13 +25,13 @@ Over several (or over any on a head compiled for the batch):
 - ``expand``: each depth is one head forward over every row's nodes: row b's nodes see its visible columns
   and their own fed ancestors, at positions ``committed[b] + depth - 1``. The tree entries live in the
   stacked cache alone and are dropped with it; the rows' own caches never hold them.
-- ``feed_block`` (what ``catch_up`` and ``feed_slots`` are made of): ONE forward over every row's pending entries
-  and a block of m queries behind each row's own (per-row positions, the padding masked), the forward itself the
-  drafter's (a feature-level head's ``forward_head``; DFlash's draft model, whose pending entries are context
-  features injected as keys and values and send no query, its block seeing itself both ways; PARD's draft LM over
-  token embeddings). The cache layout is the same for all of them (one (kv_heads, length, head_dim) buffer per
-  layer and row), so the stacked cache and the write-back serve every drafter; a drafter's ``feed_backlog``
-  (a fresh prompt fed alone first) is its own.
+- ``feed_block`` (what ``catch_up`` is made of, with no block): ONE forward over every row's pending entries and a
+  block of m queries behind each row's own (per-row positions, the padding masked), the forward itself the
+  drafter's (a feature-level head's ``forward_head``, P-EAGLE's K - 1 mask slots its block; DFlash's draft model,
+  whose pending entries are context features injected as keys and values and send no query, its block seeing
+  itself both ways; PARD's draft LM over token embeddings). The cache layout is the same for all of them (one
+  (kv_heads, length, head_dim) buffer per layer and row), so the stacked cache and the write-back serve every
+  drafter; a drafter's ``feed_backlog`` (a fresh prompt fed alone first) is its own.
 
 A shared forward is timed in every row's ``spans`` (each row's draft forward time is the shared call's, as
 each row's verify time is the shared verify's).
@@ -124,16 +124,6 @@ class TreeHeads:
         with shared_span(self.runners):
             return self.lead.log_probs_unspanned(roots), roots
 
-    def feed_slots(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        """ONE head forward over the same ``m`` chain slots behind every row's caught-up entries (``tokens`` (m,),
-        ``feats`` (m, H): P-EAGLE's mask slots): row b's slot j sits at position ``committed[b] + j`` and sees the
-        row's visible columns and the slots up to j. The slots live in the stacked cache alone (dropped with it).
-        Returns the head's outputs at them (R, m, H). Call after ``catch_up``."""
-        rows, m = len(self.runners), tokens.shape[0]
-        tokens, feats = tokens.to(self.lead.device).expand(rows, m), feats.expand(rows, m, feats.shape[-1])
-        return self.feed_block(lambda positions, mask, cache: forward_head(self.lead.head, tokens, feats, positions,
-                                                                           mask, cache), m, context_queries=False)
-
     def feed_block(self, forward, m: int, *, context_queries: bool = True, bidirectional: bool = False):
         """ONE forward over every row's pending entries (padded to the longest, ``span``) and a block of ``m``
         queries behind each row's own: row b's pending entry j sits at position ``committed[b] + j``, its block
@@ -153,8 +143,7 @@ class TreeHeads:
         if context_queries:
             last = out[torch.arange(rows, device=device), self.pending - 1]  # (R, H)
             out = torch.cat([last[:, None], out[:, span:]], dim=1)
-        if span:  # after a catch-up (P-EAGLE's slots) every row has caught up already
-            self._write_back(span, out[:, 0])
+        self._write_back(span, out[:, 0])
         self.visible = torch.cat([self.visible, real, real.new_zeros(rows, m)], dim=1)  # (R, width + span + m)
         self.width += span + m
         self.committed = self.committed + self.pending

@@ -10,8 +10,9 @@ the best ``total_tokens`` nodes by path value V (the product of confidences), or
 count the cost profile prices best (``eagle2.drafters.budget``), as EAGLE-2 does. The choices are deterministic
 (top-k), so at temperature > 0 they are verified by the rule for deterministically chosen siblings. Every
 drafted node is recorded with its depth, rank and confidence. Rows of a batch draft together
-(``propose_batch``): two head forwards a round for all of them, not one per row (DFlash and PARD, whose drafters
-are this one but for the forward: one, ``batch_log_probs``).
+(``propose_batch``): ONE head forward a round catches every row up and runs every row's slots, each row at its own
+positions (``batch_log_probs``, ``eagle2.drafters.head_group``), then one drafting LM-head call for all of them
+(DFlash and PARD are this drafter but for the forward).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from eagle2.drafters.eagle2_dynamic import ranked
 from eagle2.drafters.eagle_common import HeadRunner, path_log_values, to_host, tree_from_drafted
 from eagle2.drafters.head_group import BACKLOG, TreeHeads, shared_span
 from eagle2.heads.eagle_head import causal_mask
+from eagle2.heads.static_head import forward_head
 
 
 def default_choices(depth: int, top_k: int) -> list[list[int]]:
@@ -48,16 +50,24 @@ class PEagleDrafter(HeadRunner):
     def parallel_log_probs(self) -> torch.Tensor:
         """Catch up on the pending pairs and run the K - 1 mask slots behind them, in ONE head forward; returns
         (K, V) log-probabilities of depths 1..K over the drafting vocabulary."""
-        slots = self.depth - 1
-        n, head = len(self.pending_tokens), self.head
-        mask_tokens, mask_feats = head.mask_slots(slots, self.device)
-        feats = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats] + [mask_feats.to(self.dtype)])
-        tokens = torch.cat([torch.tensor(self.pending_tokens, device=self.device), mask_tokens])
+        n = len(self.pending_tokens)
+        pending = torch.cat([f.to(self.device, self.dtype) for f in self.pending_feats])  # (n, F)
+        tokens, feats = self.with_slots(torch.tensor(self.pending_tokens, device=self.device), pending)
         crop(self.cache, self.committed)  # the last round's slots
-        positions = torch.arange(self.committed, self.committed + n + slots, device=self.device)
-        out = self._head(tokens, feats, positions, causal_mask(n + slots, self.committed, self.dtype, self.device))
+        q = tokens.shape[0]  # n + K - 1
+        positions = torch.arange(self.committed, self.committed + q, device=self.device)
+        out = self._head(tokens, feats, positions, causal_mask(q, self.committed, self.dtype, self.device))
         self.caught_up(n, out[n - 1])  # the slots' entries lie past the committed ones: dropped next round
         return self.log_probs(out[n - 1:])
+
+    def with_slots(self, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's inputs ``tokens`` (..., n), ``feats`` (..., n, F) with the K - 1 mask slots behind them:
+        (..., n + K - 1), (..., n + K - 1, F)."""
+        slots = self.depth - 1
+        mask_tokens, mask_feats = self.head.mask_slots(slots, self.device)  # (K - 1,), (K - 1, F)
+        rows = tokens.shape[:-1]
+        return (torch.cat([tokens, mask_tokens.expand(*rows, slots)], dim=-1),
+                torch.cat([feats, mask_feats.to(feats.dtype).expand(*rows, slots, -1)], dim=-2))
 
     def ready(self) -> None:
         """Before a round drafted with other rows: the row has something pending to feed (PARD re-feeds its last
@@ -88,16 +98,14 @@ class PEagleDrafter(HeadRunner):
 
     @classmethod
     def batch_log_probs(cls, drafters: list["PEagleDrafter"], heads: TreeHeads) -> torch.Tensor:
-        """(R, K, V): every row's ``parallel_log_probs``, drafted together over ``heads``: ONE head forward
-        catches every row up (``TreeHeads.catch_up``: depth 1) and ONE more runs the K - 1 mask slots behind every
-        row (``TreeHeads.feed_slots``), then one drafting LM-head call."""
+        """(R, K, V): every row's ``parallel_log_probs``, drafted together over ``heads``: ONE head forward catches
+        every row up and runs the K - 1 mask slots behind each row's own pairs (``TreeHeads.feed_block``: the output
+        at a row's last pair is depth 1, its slots depths 2..K), then one drafting LM-head call."""
         lead = drafters[0]
-        depth_one, _ = heads.catch_up()  # (R, V)
-        if lead.depth == 1:
-            return depth_one[:, None]
-        tokens, feats = lead.head.mask_slots(lead.depth - 1, lead.device)
-        out = heads.feed_slots(tokens, feats.to(lead.dtype))  # (R, K - 1, H)
-        return torch.cat([depth_one[:, None], lead.shared_log_probs(drafters, out)], dim=1)
+        tokens, feats = lead.with_slots(*heads.pending_inputs())  # (R, span + K - 1), (R, span + K - 1, F)
+        out = heads.feed_block(lambda positions, mask, cache: forward_head(lead.head, tokens, feats, positions, mask,
+                                                                           cache), lead.depth - 1)  # (R, K, H)
+        return lead.shared_log_probs(drafters, out)
 
     def shared_log_probs(self, drafters: list["PEagleDrafter"], out: torch.Tensor) -> torch.Tensor:
         """ONE drafting LM-head call over every row's outputs ``out`` (R, n, H), timed in every row's spans:
