@@ -59,12 +59,11 @@ def new_eagle3_head(target, draft_ids: torch.Tensor, taps: tuple[int, ...] | Non
     return head.to(target.device, torch.float32)
 
 
-def in_draft_vocab(head, full_logits: torch.Tensor) -> torch.Tensor:
-    """(N,) bool: whether the target's argmax over the FULL vocabulary (``full_logits`` (N, V)) has a draft id."""
+def in_draft_vocab(head, target_argmax: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: whether the target's argmax over the FULL vocabulary (``target_argmax`` (N,)) has a draft id."""
     if head.draft_token_ids() is None:
-        return torch.ones(len(full_logits), dtype=torch.bool, device=full_logits.device)
-    argmax = full_logits.argmax(-1)
-    return head.t2d.to(argmax.device)[argmax]
+        return torch.ones(len(target_argmax), dtype=torch.bool, device=target_argmax.device)
+    return head.t2d.to(target_argmax.device)[target_argmax]
 
 
 def per_position_targets(head, proj: LossProjection, target: TargetLogits, answer: torch.Tensor, unroll: int,
@@ -84,7 +83,8 @@ def per_position_targets(head, proj: LossProjection, target: TargetLogits, answe
     if not with_mask:
         return q, None
     keep = torch.zeros_like(used)
-    keep[used] = in_draft_vocab(head, target(proj, at))
+    chunks = [at[a:a + 1024] for a in range(0, max(len(at), 1), 1024)]  # (N, V) fp32 never at once
+    keep[used] = in_draft_vocab(head, torch.cat([target(proj, c).argmax(-1) for c in chunks]))
     return q, keep
 
 

@@ -70,7 +70,7 @@ class _Table:
 
     def rows_at(self, flat: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         missing = at[self.row_of[at] < 0].unique()
-        if len(missing):
+        if len(missing) or self.rows is None:
             new = F.linear(flat[missing].to(self.weight.dtype), self.weight, self.bias)
             start = 0 if self.rows is None else len(self.rows)
             self.row_of[missing] = torch.arange(start, start + len(missing), device=at.device)
