@@ -47,9 +47,11 @@ def _sections(**loop):
                        taps=[1, 2, 3], eagle31_norms=True)
     peagle = head_cfg(**{**common, "seed": 9}, draft_vocab_size=40, para_depths=3, down_sample_ratio=1.0,
                       down_sample_ratio_min=1.0)  # every anchor at every depth: nothing random
+    dflash = head_cfg(**{**common, "seed": 11}, layers=1, block_size=4, num_anchors=1000, loss_decay_gamma=4.0,
+                      taps=None)  # every anchor: nothing random
     joint = head_cfg(**common, primary="eagle3", **loop)
     return OmegaConf.create({"head": head, "eagle3": eagle3, "hass": hass, "eagle31": eagle31,
-                             "peagle_head": peagle, "joint": joint})
+                             "peagle_head": peagle, "dflash_head": dflash, "joint": joint})
 
 
 # an objective declared by the test alone: an EAGLE-3.1 head tapping other layers than the EAGLE-3 head's
@@ -99,25 +101,47 @@ def test_the_bf16_body_keeps_the_target_and_its_rotary_tables(token_corpus):  # 
     assert body_dtype("same", torch.device("cpu")) is None and body_dtype("bf16", torch.device("cpu")) == torch.bfloat16
 
 
-def test_every_member_loss_is_its_solo_loss_on_the_same_batch(token_corpus):  # noqa: F811
+def _grads(module) -> dict[str, torch.Tensor]:
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("loss_dtype", ["float32", "bfloat16"])
+def test_every_member_loss_is_its_solo_loss_on_the_same_batch(token_corpus, loss_dtype):  # noqa: F811
     """Members tapping different layers (EAGLE-3 and P-EAGLE: 2, 2, 1; EAGLE-3.1: 1, 2, 3) share one forward over
-    their union and each reads its own layers: its loss is the loss its own objective gives on a batch featurized
-    for it."""
+    their union and each reads its own layers, and the target's logits are computed once for all of them
+    (``target_logits.share_target_logits``: the full vocabulary, each member's vocabulary its columns; the EAGLE
+    head's a cls vocabulary of 48, the EAGLE-3 heads' 40): each member's loss and gradients are those its own
+    objective gives on a batch featurized for it, the loss in fp32 and in bf16 LM-head products."""
     target = tiny_target(layers=4)
-    cfg = _sections(heads=["head", "eagle3", "hass", "eagle31", "peagle_head"])
+    cfg = _sections(heads=["head", "eagle3", "hass", "eagle31", "peagle_head", "dflash_head"])
+    cfg.head.cls_vocab_size = 48
+    for name in cfg.joint.heads:
+        cfg[name].loss_dtype = loss_dtype
     heads, losses = {}, {}
     for name, member in joint_members(cfg, MEMBERS).items():
         heads[name], losses[name], _ = member.setup(target, token_corpus, cfg[name])
     module = JointHeads(heads, primary="eagle3")
     assert module.tap_layers() == (2, 1, 3) and head_taps(heads["eagle31"]) == (1, 2, 3)
+    assert heads["head"].draft_vocab is not None  # (the restricted EAGLE vocabulary is in play)
     raw = collate(token_sequences(split_shards(token_corpus, 0.25, "tokens_*.npz")[0])[:4], "cpu")
     joint_batch = OnlineFeatures(target, module.tap_layers())(dict(raw))
+    tol = {"rel": 1e-6, "abs": 1e-7} if loss_dtype == "float32" else {"rel": 1e-3, "abs": 1e-4}
     for train in (True, False):
-        _, stats = joint_loss(module, joint_batch, losses=losses, train=train)
+        total, stats = joint_loss(module, joint_batch, losses=losses, train=train)
+        total.backward()
+        joint_grads = {name: _grads(head) for name, head in heads.items()}
         for name, head in heads.items():
             solo_batch = OnlineFeatures(target, head_taps(head))(dict(raw))
             solo, _ = losses[name](head, solo_batch, train=train)
-            assert stats[f"{name}/loss"] == pytest.approx(float(solo.detach()), rel=1e-6, abs=1e-7), (name, train)
+            assert stats[f"{name}/loss"] == pytest.approx(float(solo.detach()), **tol), (name, train)
+            solo.backward()
+            solo_grads = _grads(head)
+            assert solo_grads.keys() == joint_grads[name].keys() and solo_grads, name
+            for key, grad in solo_grads.items():
+                torch.testing.assert_close(joint_grads[name][key], grad, rtol=tol["rel"] * 10, atol=tol["abs"] * 10,
+                                           msg=lambda m, n=name, k=key, t=train: f"{n} {k} (train={t}): {m}")
 
 
 def test_three_members_from_one_target_forward_per_step(token_corpus, tmp_path):  # noqa: F811

@@ -84,3 +84,31 @@ def test_a_corpus_folder_as_val_set_gives_that_corpus_held_out_conversations(tmp
     cfg.train.head.val_set = "no_such_folder"
     with pytest.raises(ValueError, match="corpus, mtbench or a corpus folder"):
         validation(None, None, cfg, tmp_path, "head")
+
+
+def test_workers_share_the_shards_each_its_own_first(tmp_path, monkeypatch):
+    """Worker i of n answers source shards i, i + n, ... first, then helps with the others' (the corpus stage's
+    ``worker_batches``); a shard already written is skipped (here the decoding is stubbed: which shard, when)."""
+    from types import SimpleNamespace
+
+    from eagle2.training.corpora import own_answers
+
+    source, out = tmp_path / "tokens", tmp_path / "own"
+    source.mkdir()
+    for k in range(5):  # shard k holds k + 1 conversations: the stub reads the shard off its length
+        write_token_shard(source / f"tokens_{k:05d}.npz", [([1, 2, 3, 4, 5, 6], [(3, 6)])] * (k + 1), {})
+    answered = []
+
+    def stub(target, segments, stops, **_):
+        answered.append(len(segments) - 1)
+        return [([1, 2, 3, 9], [(3, 4)]) for _ in segments], {"turns": len(segments), "prompt_too_long": 0}
+
+    monkeypatch.setattr(own_answers, "answer_turns", stub)
+    target = SimpleNamespace(device=torch.device("cpu"))
+    build_own_answer_shards(target, source, out, stops={9}, shards=4, worker=1, workers=2)
+    assert answered == [1, 3, 2, 0]  # its own (1, 3), then the others' from the end
+    answered.clear()
+    totals = build_own_answer_shards(target, source, out, stops={9}, shards=5, worker=0, workers=2)
+    assert answered == [4] and totals["conversations"] == 15  # shard 4 was left: the rest are skipped
+    with pytest.raises(ValueError, match="train.own_answers.worker=2"):
+        build_own_answer_shards(target, source, out, stops={9}, worker=2, workers=2)

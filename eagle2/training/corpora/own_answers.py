@@ -28,6 +28,7 @@ from eagle2.core.clock import device_clock
 from eagle2.prompts.chat import stop_ids
 from eagle2.training.corpora import CorpusSource
 from eagle2.training.corpora.generate import generate
+from eagle2.training.corpora.prompts import worker_batches
 from eagle2.training.shards import Conversation, read_token_shard, token_shard_paths, write_token_shard
 
 
@@ -66,16 +67,21 @@ def answer_turns(target, segments: list[list[list[int]]], stops: set[int], *, ma
 def build_own_answer_shards(target, source_dir: str | Path, out_dir: str | Path, *, stops: set[int],
                             max_prompt_tokens: int = 512, max_new_tokens: int = 256, batch_size: int = 16,
                             shards: int | None = None, max_turns: int | None = None,
-                            max_context_tokens: int = 1024) -> dict:
+                            max_context_tokens: int = 1024, worker: int = 0, workers: int = 1) -> dict:
     """Answer the user turns (the first ``max_turns``; None: all) of the first ``shards`` source token shards
-    (all: None) into ``out_dir`` (module docstring); returns the totals over the shards there."""
+    (all: None) into ``out_dir`` (module docstring); returns the totals over the shards there. ``workers``
+    processes (``worker`` = 0..workers-1) can share the shards: each answers shards worker, worker + workers, ...
+    first, then helps with the others' (``prompts.worker_batches``; a shard already written is skipped)."""
+    if not 0 <= worker < workers:
+        raise ValueError(f"train.own_answers.worker={worker} must be in 0..workers-1 (workers={workers})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sources = token_shard_paths(source_dir)
     if not sources:
         raise FileNotFoundError(f"no ShareGPT token shards in {source_dir}: run train_head.py stage=sharegpt first")
     totals = {"conversations": 0, "turns": 0, "tokens": 0, "answer_tokens": 0, "prompt_too_long": 0, "seconds": 0.0}
-    for path in sources[: shards or None]:
+    sources = sources[: shards or None]
+    for path in (sources[i] for i in worker_batches(list(range(len(sources))), worker, workers)):
         dest = out / path.name
         if not dest.exists():
             convs, meta = read_token_shard(path)
@@ -108,7 +114,8 @@ def build(target, tokenizer, c, root: Path) -> Path:
     totals = build_own_answer_shards(target, root / c.source, out, stops=stop_ids(tokenizer, c.stop_tokens),
                                      max_prompt_tokens=c.max_prompt_tokens, max_new_tokens=c.max_new_tokens,
                                      batch_size=c.batch_size, shards=c.shards, max_turns=c.get("max_turns"),
-                                     max_context_tokens=c.get("max_context_tokens", 1024))
+                                     max_context_tokens=c.get("max_context_tokens", 1024),
+                                     worker=int(c.get("worker", 0)), workers=int(c.get("workers", 1)))
     print(f"[own_answers] {totals['conversations']} conversations ({totals['turns']} turns), {totals['tokens']} "
           f"tokens ({totals['answer_tokens']} answer), {totals['prompt_too_long']} prompts too long, "
           f"{totals['seconds']:.0f} s decoding", flush=True)

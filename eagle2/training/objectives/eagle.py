@@ -33,6 +33,7 @@ from eagle2.training.support.losses import (
     unrolled_predictions,
 )
 from eagle2.training.support.models import export
+from eagle2.training.support.target_logits import target_logits
 
 
 def new_head(target, init_from_target: bool = False, num_layers: int = 1) -> EagleHead:
@@ -81,17 +82,18 @@ def head_loss(head: EagleHead, batch: dict, *, proj: LossProjection, noise: floa
         f_in = f_in + (jitter * 2 - 1) * noise
     losses, stats = [], {}
     topk = {"top_k": top_k, "top_k_weight": w_topk / w_cls} if w_topk and train else {}
+    target = target_logits(batch)  # each position's target distribution once, over the steps (and a joint run)
     for step, pred, sel in unrolled_predictions(head, batch["tokens"], f_in, answer_positions(batch), unroll,
                                                 detach_unroll):
         n = int(sel.sum())
         if n == 0:
             continue
-        p, y = pred[sel], feats[:, step:][sel]
+        p, y, at = pred[sel], feats[:, step:][sel], target.positions(step)[sel]
         reg = F.smooth_l1_loss(p, y)
         pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
-        p_cls, y_cls = (p, y) if pick is None else (p[pick], y[pick])
-        cls, step_stats = soft_cross_entropy(p_cls, y_cls, proj, topk=(1 if train else 4) if with_stats else 0,
-                                             **topk)
+        p_cls, at = (p, at) if pick is None else (p[pick], at[pick])
+        cls, step_stats = soft_cross_entropy(p_cls, lambda a, b, at=at: target(proj, at[a:b]), proj,
+                                             topk=(1 if train else 4) if with_stats else 0, **topk)
         losses.append(w_reg * reg + w_cls * cls)
         if step == 1:
             step_stats.pop("entropy", None)

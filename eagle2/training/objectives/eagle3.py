@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from eagle2.core.features import eagle3_layers
 from eagle2.heads.eagle3_head import FAMILY, Eagle3Head, eagle3_config_from_target, load_eagle3_head
@@ -38,6 +37,7 @@ from eagle2.training.support.losses import (
     unrolled_predictions,
 )
 from eagle2.training.support.models import export
+from eagle2.training.support.target_logits import TargetLogits, target_logits
 
 
 def new_eagle3_head(target, draft_ids: torch.Tensor, taps: tuple[int, ...] | None = None,
@@ -59,30 +59,32 @@ def new_eagle3_head(target, draft_ids: torch.Tensor, taps: tuple[int, ...] | Non
     return head.to(target.device, torch.float32)
 
 
-def in_draft_vocab(head, proj: LossProjection, y: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """(N,) bool: whether the target's argmax over the FULL vocabulary at features ``y`` has a draft id."""
+def in_draft_vocab(head, target_argmax: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: whether the target's argmax over the FULL vocabulary (``target_argmax`` (N,)) has a draft id."""
     if head.draft_token_ids() is None:
-        return torch.ones(len(y), dtype=torch.bool, device=y.device)
-    argmax = torch.cat([proj(y[a:a + chunk]).argmax(-1) for a in range(0, len(y), chunk)])
-    return head.t2d.to(argmax.device)[argmax]
+        return torch.ones(len(target_argmax), dtype=torch.bool, device=target_argmax.device)
+    return head.t2d.to(target_argmax.device)[target_argmax]
 
 
-def per_position_targets(head, proj: LossProjection, feats: torch.Tensor, answer: torch.Tensor, unroll: int,
-                         draft_weight: torch.Tensor, with_mask: bool):
+def per_position_targets(head, proj: LossProjection, target: TargetLogits, answer: torch.Tensor, unroll: int,
+                         ids: torch.Tensor | None, with_mask: bool):
     """The target's draft-vocabulary distribution (B, L, V_draft) at every position some unroll step fits
-    (step ``s`` fits position ``j + s`` for answer position ``j``), and with ``with_mask`` whether its full-vocabulary
-    argmax has a draft id there (``in_draft_vocab``; else None): computed once per position, not once per step."""
-    used = torch.zeros(feats.shape[:2], dtype=torch.bool, device=feats.device)
+    (step ``s`` fits position ``j + s`` for answer position ``j``; ``ids``: the draft vocabulary's target ids, None:
+    the full one), and with ``with_mask`` whether its full-vocabulary argmax has a draft id there
+    (``in_draft_vocab``; else None): read once per position from ``target``, not once per step."""
+    used = torch.zeros(target.shape, dtype=torch.bool, device=answer.device)
     for step in range(1, unroll + 1):
         if answer.shape[1] - step + 1 > 0:
             used[:, step:] |= answer[:, step - 1:]
-    y = feats[used]
-    q = feats.new_zeros((*feats.shape[:2], draft_weight.shape[0]), dtype=torch.float32)
-    q[used] = torch.softmax(F.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
+    at = target.positions()[used]
+    draft_logits = target(proj, at, ids)
+    q = draft_logits.new_zeros((*target.shape, draft_logits.shape[-1]))
+    q[used] = torch.softmax(draft_logits, -1)
     if not with_mask:
         return q, None
     keep = torch.zeros_like(used)
-    keep[used] = in_draft_vocab(head, proj, y)
+    chunks = [at[a:a + 1024] for a in range(0, max(len(at), 1), 1024)]  # (N, V) fp32 never at once
+    keep[used] = in_draft_vocab(head, torch.cat([target(proj, c).argmax(-1) for c in chunks]))
     return q, keep
 
 
@@ -105,11 +107,11 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
         raise ValueError("an EAGLE-3 head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
     feats = batch["features"]
     ids = head.draft_token_ids()
-    draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
     readout = head.drafting_lm_head()
     answer = answer_positions(batch)
+    target = target_logits(batch)
     with torch.no_grad():  # the target side of every step, once per position (step s reads positions j + s)
-        target_q, target_keep = per_position_targets(head, proj, feats, answer, unroll, draft_weight,
+        target_q, target_keep = per_position_targets(head, proj, target, answer, unroll, ids,
                                                      mask_out_of_vocab and train)
     losses, stats = [], {}
     for step, pred, sel in unrolled_predictions(head, batch["tokens"], batch["layer_features"][:, :-1],
@@ -117,24 +119,24 @@ def eagle3_loss(head, batch: dict, *, proj: LossProjection, unroll: int = 1, unr
         n = int(sel.sum())
         if n == 0:
             continue
-        p, y, q = pred[sel], feats[:, step:][sel], target_q[:, step:][sel]
+        p, at, q = pred[sel], target.positions(step)[sel], target_q[:, step:][sel]
         keep = None if target_keep is None else target_keep[:, step:][sel]
         pick = subsample(n, unroll_cls_fraction, generator, p.device) if step > 1 and train else None
         if pick is not None:
-            p, y, q = p[pick], y[pick], q[pick]
+            p, at, q = p[pick], at[pick], q[pick]
             keep = None if keep is None else keep[pick]
         if keep is not None:
             if step == 1:
                 stats["oov"] = 1.0 - float(keep.float().mean())
             if not bool(keep.any()):
                 continue
-            p, y, q = p[keep], y[keep], q[keep]
+            p, at, q = p[keep], at[keep], q[keep]
         logits = readout(p)
         ce = LogitsSoftCrossEntropy.apply(logits, q)
         losses.append(ce)
         if with_stats:
             with torch.no_grad():
-                step_stats = agreement(logits.detach(), proj(y), ks=(1,) if train or step > 1 else (1, 4),
+                step_stats = agreement(logits.detach(), target(proj, at), ks=(1,) if train or step > 1 else (1, 4),
                                        vocab_ids=ids)
             if step == 1:
                 stats.update(step_stats, cls=ce.item())

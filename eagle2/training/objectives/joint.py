@@ -32,6 +32,7 @@ from eagle2.training.data import is_token_corpus
 from eagle2.training.evaluation.heldout import validation
 from eagle2.training.objectives import Member, Objective, exported, objectives, train_objective
 from eagle2.training.support.models import SHARED_KEYS
+from eagle2.training.support.target_logits import share_target_logits
 
 DEFAULT_HEADS = ("head", "eagle3")  # train.joint.heads when the section does not say
 
@@ -87,10 +88,12 @@ class JointHeads(torch.nn.Module):
 
 def joint_loss(module: JointHeads, batch: dict, *, losses: dict, generator: torch.Generator | None = None,
                train: bool = True, with_stats: bool = True):
-    """The sum of each head's loss (``losses[name](head, its batch, ...)``) on one featurized batch; stats of
+    """The sum of each head's loss (``losses[name](head, its batch, ...)``) on one featurized batch, the target's
+    logits computed once for all of them (``target_logits.share_target_logits``); stats of
     head ``name`` as ``name/key`` (counts left out but the per-step ones, ``name/n_s2``), the primary
     head's also unprefixed (``top1``, ``n``: what the trainer's curve and position weights read)."""
     total, stats = None, {}
+    batch = share_target_logits(batch)  # the target's logits at a position: once for every member
     for name, head in module.heads.items():
         loss, head_stats = losses[name](head, module.member_batch(name, batch), generator=generator, train=train,
                                         with_stats=with_stats)

@@ -24,6 +24,7 @@ from eagle2.training.objectives import Member, Objective, solo_stage
 from eagle2.training.objectives.eagle3 import draft_vocabulary_ids, new_eagle3_head
 from eagle2.training.support.losses import LogitsSoftCrossEntropy, LossProjection, answer_positions, combine, loss_dtype
 from eagle2.training.support.models import export
+from eagle2.training.support.target_logits import target_logits
 
 
 def cod_anchors(answer: torch.Tensor, depths: int, ratio: float, floor: float,
@@ -80,28 +81,26 @@ def peagle_loss(head, batch: dict, *, proj: LossProjection, ratio: float = 0.7, 
         raise ValueError("a P-EAGLE head trains on a corpus with layer_features (train.corpus.tap_layers=eagle3)")
     generator = generator if train else torch.Generator().manual_seed(0)
     ids, readout, feats = head.draft_token_ids(), head.drafting_lm_head(), batch["features"]
-    draft_weight = proj.weight if ids is None else proj.weight[ids.to(proj.weight.device)]
-    answer = answer_positions(batch)
+    answer, target = answer_positions(batch), target_logits(batch)
     preds, targets, depths = [], [], []
     for row in range(batch["tokens"].shape[0]):
         deeper = cod_anchors(answer[row], head.para_depths, ratio, floor, generator)
         out, anchor, depth = parallel_forward(head, batch["tokens"][row], batch["layer_features"][row], deeper)
         counted = answer[row][anchor + depth - 1]
         preds.append(out[counted])
-        targets.append(feats[row][(anchor + depth)[counted]])
+        targets.append(target.positions()[row][(anchor + depth)[counted]])
         depths.append(depth[counted])
-    p, y, depth = torch.cat(preds), torch.cat(targets), torch.cat(depths)
+    p, y_at, depth = torch.cat(preds), torch.cat(targets), torch.cat(depths)
     if len(p) == 0:
         return combine([], {}, feats)
     logits = readout(p)
-    with torch.no_grad():
-        q = torch.softmax(torch.nn.functional.linear(y.to(draft_weight.dtype), draft_weight).float(), -1)
+    q = torch.softmax(target(proj, y_at, ids), -1)
     ce = LogitsSoftCrossEntropy.apply(logits, q)
     stats = {"cls": ce.item(), "n": int((depth == 1).sum())}
     if with_stats:
         with torch.no_grad():
             for d in depth.unique().tolist():
-                at = agreement(logits[depth == d].detach(), proj(y[depth == d]), ks=(1,), vocab_ids=ids)
+                at = agreement(logits[depth == d].detach(), target(proj, y_at[depth == d]), ks=(1,), vocab_ids=ids)
                 stats.update({"top1": at["top1"]} if d == 1 else {f"top1_s{d}": at["top1"], f"n_s{d}": at["n"]})
     return combine([ce], stats, feats)
 

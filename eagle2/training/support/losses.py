@@ -54,19 +54,25 @@ class LossProjection:
         self.lm_head = lm_head
         weight = lm_head.weight.detach()
         bias = getattr(lm_head, "bias", None)
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(weight.device).long()  # (V,) target ids or None
         if vocab_ids is not None:
-            ids = vocab_ids.to(weight.device).long()
-            weight, bias = weight[ids], None if bias is None else bias[ids]
+            weight, bias = weight[self.vocab_ids], None if bias is None else bias[self.vocab_ids]
         self.weight = weight.to(dtype)
         self.bias = None if bias is None else bias.detach().to(dtype)
-        exact = dtype == torch.float32 and vocab_ids is None
-        self._exact: LossProjection | None = self if exact else None
+        self._full: LossProjection | None = self if vocab_ids is None else None
+        self._exact: LossProjection | None = self if dtype == torch.float32 and vocab_ids is None else None
 
     def exact(self) -> LossProjection:
         """The full LM head in fp32 (this one when it is that): validation and evaluation use it."""
         if self._exact is None:
             self._exact = LossProjection(self.lm_head, torch.float32)
         return self._exact
+
+    def full(self) -> LossProjection:
+        """The full LM head in this one's dtype (this one when it is that)."""
+        if self._full is None:
+            self._full = LossProjection(self.lm_head, self.weight.dtype)
+        return self._full
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
@@ -82,20 +88,21 @@ def top_k_target(q: torch.Tensor, top_k: int, weight: float) -> torch.Tensor:
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
-    """Mean over rows of ``-sum_v r_v log softmax(x W^T)_v`` with ``q = softmax(y W^T)`` and ``r = q`` (or with
+    """Mean over rows of ``-sum_v r_v log softmax(x W^T)_v`` with ``q = softmax(z)``, ``z`` the target's logits of
+    the rows (``target(a, b)``: rows a..b-1), and ``r = q`` (or with
     ``top_k``: ``top_k_target``), computed in row chunks: the (rows, vocab) logits never exist at once and the
     gradient with respect to ``x``, ``(sum(r) softmax(x W^T) - r) W``, is formed during the forward. Agreement
     stats go into ``stats``."""
 
     @staticmethod
-    def forward(ctx, x, y, weight, bias, chunk, topk, stats, top_k=0, top_k_weight=0.0):
+    def forward(ctx, x, target, weight, bias, chunk, topk, stats, top_k=0, top_k_weight=0.0):
         n = x.shape[0]
         grad = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         total = entropy = 0.0
         ranked, wanted = [], []
         for a in range(0, n, chunk):
             logp = torch.log_softmax(F.linear(x[a:a + chunk].to(weight.dtype), weight, bias).float(), -1)
-            zq = F.linear(y[a:a + chunk].to(weight.dtype), weight, bias).float()
+            zq = target(a, min(a + chunk, n))  # the target's logits of these rows
             q = torch.softmax(zq, -1)
             r = top_k_target(q, top_k, top_k_weight)
             total -= float(torch.linalg.vecdot(r, logp).sum())
@@ -139,14 +146,18 @@ class LogitsSoftCrossEntropy(torch.autograd.Function):
         return grad * (grad_out / ctx.n).to(grad.dtype), None
 
 
-def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor, proj: LossProjection, *, topk: int = 4,
-                       chunk: int = 1024, top_k: int = 0, top_k_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """Soft cross-entropy of ``lm_head(x)`` against ``softmax(lm_head(y))`` (``y`` gets no gradient).
+def soft_cross_entropy(x: torch.Tensor, y: torch.Tensor | Callable[[int, int], torch.Tensor], proj: LossProjection, *,
+                       topk: int = 4, chunk: int = 1024, top_k: int = 0,
+                       top_k_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """Soft cross-entropy of ``lm_head(x)`` against ``softmax(lm_head(y))`` (``y`` gets no gradient; or ``y(a, b)``:
+    the target's logits of rows a..b-1 over ``proj``'s vocabulary, e.g. read from ``target_logits.TargetLogits``).
     With ``topk >= 1`` also top-1 / top-``topk`` agreement with ``argmax lm_head(y)`` and the entropy
     of the target distribution (``topk=0``: the loss only, a little faster). ``top_k``, ``top_k_weight``: plus
     that weight times the top-K distillation loss (``top_k_target``), in the same pass over the LM head."""
     stats: dict = {}
-    loss = _SoftCrossEntropy.apply(x, y.detach(), proj.weight, proj.bias, chunk, topk, stats, top_k, top_k_weight)
+    fixed = None if callable(y) else y.detach()
+    target = y if fixed is None else lambda a, b: proj(fixed[a:b])
+    loss = _SoftCrossEntropy.apply(x, target, proj.weight, proj.bias, chunk, topk, stats, top_k, top_k_weight)
     return loss, stats
 
 
