@@ -14,8 +14,8 @@ What is static, the target's patterns reused (``eagle2.core.compiled``: ``padded
 
 - the rows: R <= B drafting rows run as B; a padding row's queries see only their own slots (its entries sit
   in its own row of the buffers, which no real row reads), so nothing compiles again when rows retire;
-- the query count: padded to its bucket (a catch-up of at most ``BACKLOG`` pairs a row, a depth of ``top_k``
-  nodes), a padding query seeing only itself, no real query seeing a padding entry;
+- the query count: padded to its bucket (a catch-up: the rows' pending pairs, a depth: ``top_k`` nodes; past the
+  largest bucket, its own length), a padding query seeing only itself, no real query seeing a padding entry;
 - the attended span: the live length rounded up to ``SPAN``; the buffers always outlast it.
 
 Each row's visibility (its own committed columns, its own catch-up pairs up to each, its nodes' fed ancestors)
@@ -107,13 +107,13 @@ class StaticBatchHeadKV:
         return out[:real]
 
     def warm_up(self, context: int = WARM_CONTEXT) -> float:
-        """Compile the B-row graphs (Q = 1 and the buckets, every feature width) at a context of ``context``
-        positions; returns the seconds it took (the buffers are left empty, as found)."""
+        """Compile the B-row graphs (Q = 1, the buckets and a catch-up longer than them, every feature width) at a
+        context of ``context`` positions; returns the seconds it took (the buffers are left empty, as found)."""
         static = self.static
         start = device_clock(static.device)
         vocab = static.lean.embed.shape[0]
         for width in static.lean.feature_widths:
-            for q in (1, 4):
+            for q in (context, 1, 4):  # a catch-up past ``MAX_ROWS`` queries (rows behind together), Q = 1, a bucket
                 self.length = context
                 ids = torch.randint(vocab, (self.rows, q), device=static.device)
                 self.forward(ids, torch.randn(self.rows, q, width, dtype=static.dtype, device=static.device))
