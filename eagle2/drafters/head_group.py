@@ -15,7 +15,7 @@ Over several (or over any on a head compiled for the batch):
   each row's queries may see. On the compiled path (``engine.compile=true`` at ``batch_size=B``) that cache is
   the head's B-row static buffers (``eagle2.heads.static_head_batch``: the same entries at the same columns,
   the rows and queries padded to static shapes, the padding masked) and every forward below is the head's
-  compiled one; the rows' own caches stay eager, so a fresh prompt's backlog is fed eagerly.
+  compiled one; the rows' own caches stay eager, so a backlog fed alone (``fed_alone``) is fed eagerly.
 - ``catch_up``: ONE head forward over every row's pending (token, feature) pairs, padded to the longest
   (the last round's accepted tokens plus one, or the plain rounds' tokens where the round policy stepped aside;
   a row whose backlog is far past the group's, a fresh prompt, feeds all but its last pair alone first,
