@@ -108,6 +108,16 @@ def compare_joint(target, raw, vocab, reps: int, amp) -> None:
     print(f"  median ratio joint/separate: {statistics.median(ratios):.2f}x")
 
 
+def training_target():
+    """(the SmolLM2 target in fp32 with stock kernels and frozen weights, the autocast dtype this CPU trains in):
+    what a head-training benchmark teaches from."""
+    from experiments.bench.side_by_side import smollm2
+
+    _, target, _ = smollm2("float32", "stock")
+    target.requires_grad_(False)
+    return target, autocast_dtype("auto", torch.device("cpu"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--compare", choices=("joint", "vocab"), default="joint")
@@ -121,11 +131,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from eagle2.training.data import tokens_by_frequency
-    from experiments.bench.side_by_side import smollm2
 
-    _, target, _ = smollm2("float32", "stock")
-    target.requires_grad_(False)
-    amp = autocast_dtype("auto", torch.device("cpu"))
+    target, amp = training_target()
     featurize = OnlineFeatures(target, (), amp)
     raw, val = _batches(args.corpus, args.token_budget, args.steps * 2 + args.quality_steps)
     if args.compare == "joint":

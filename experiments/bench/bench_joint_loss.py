@@ -20,7 +20,6 @@ from eagle2.core.clock import device_clock
 from eagle2.training.data import collate, make_batches, split_shards, token_sequences
 from eagle2.training.features import OnlineFeatures
 from eagle2.training.objectives.joint import JointHeads, joint_loss, joint_members
-from eagle2.training.support.precision import autocast_dtype
 
 
 def family_heads(target, corpus: str):
@@ -56,11 +55,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from experiments.bench.side_by_side import smollm2
+    from experiments.bench.bench_head_step import training_target
 
-    _, target, _ = smollm2("float32", "stock")
-    target.requires_grad_(False)
-    amp = autocast_dtype("auto", torch.device("cpu"))
+    target, amp = training_target()
     module, losses = family_heads(target, args.corpus)
     seqs = token_sequences(split_shards(args.corpus, 0.1, "tokens_*.npz")[0])
     plan = make_batches([len(s.tokens) for s in seqs], args.token_budget, 32, seed=0, epoch=0)
