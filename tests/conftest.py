@@ -189,6 +189,7 @@ def steady_timings(monkeypatch):
                         lambda target, *, max_q, **_: [0.010 + 0.001 * q for q in range(1, max_q + 1)])
     monkeypatch.setattr(cost_profile, "measure_draft",
                         lambda target, head, make_drafter, *, depth, **_: [0.002 * d for d in range(1, depth + 1)])
+    monkeypatch.setattr(cost_profile, "measure_catch_up", lambda *_, **__: 0.0001)
 
 
 @pytest.fixture

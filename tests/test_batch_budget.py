@@ -131,3 +131,19 @@ def test_batched_draft_profile_times_the_rows_together(tiny, monkeypatch):
     make = lambda d: build_drafter(OmegaConf.merge(method, {"depth": d}), target, SamplingParams(), None, head=head)  # noqa: E731
     times = cp.measure_draft(target, head, make, depth=2, context=8, reps=1, rows=3)
     assert len(times) == 2 and all(t > 0 for t in times) and set(calls) == {3}
+
+
+def test_the_catch_up_profile_times_rounds_that_feed_a_backlog(tiny, monkeypatch):
+    """``measure_catch_up``: every timed round's rows each feed ``CATCH_UP_PAIRS`` pending positions, together."""
+    target, head = tiny
+    from eagle2.drafters.eagle2_dynamic import Eagle2Drafter
+
+    backlogs = []
+    real = Eagle2Drafter.propose_batch.__func__
+    spy = lambda cls, drafters, *a: backlogs.append([len(d.pending_tokens) for d in drafters]) or real(cls, drafters, *a)  # noqa: E731,E501
+    monkeypatch.setattr(Eagle2Drafter, "propose_batch", classmethod(spy))
+    method = OmegaConf.create({"name": "eagle2", "depth": 1, "top_k": 2, "total_tokens": 1})
+    make = lambda d: build_drafter(OmegaConf.merge(method, {"depth": d}), target, SamplingParams(), None, head=head)  # noqa: E731
+    per_pair = cp.measure_catch_up(target, head, make, context=40, reps=2, rows=3, one_pair_s=0.0)
+    assert per_pair > 0 and len(backlogs) == 4  # one untimed round, median_time's warm-up, two timed
+    assert backlogs[1:] == [[cp.CATCH_UP_PAIRS] * 3] * 3

@@ -62,9 +62,9 @@ def test_rows_verified_together_decide_together():
 
 
 def test_probe_bursts_first_then_at_doubling_gaps_while_drafting_does_not_pay():
-    """Near break-even (drafting predicted at 1 / 1.04 of plain's rate, a burst costing 0.12 plain rounds) the
-    gaps double."""
-    row, prof, choices = policy.RowEstimate(), flat(1.0, 0.04), []
+    """Near break-even (drafting predicted at 1 / 1.01 of plain's rate, a burst costing 0.03 plain rounds: its
+    least gap is 3) the gaps double."""
+    row, prof, choices = policy.RowEstimate(), flat(1.0, 0.01), []
     for _ in range(40):
         choice = policy.decide(prof, [row], depth=1)["policy_choice"]
         choices.append(choice)
@@ -111,9 +111,10 @@ def test_row_turnover_keeps_the_groups_burst_schedule():
     """Requests shorter than the longest gap (20-40 rounds), four verified together, refilled one by one: a row that
     joins takes the group's plain streak too, so the group still probes on its schedule (else no row ever lives
     long enough to reach the gap, and one pessimistic burst would keep the batch plain for good)."""
-    choices = refilled_batch(seed=1, lifetimes=(20, 40))
-    later = burst_starts(choices)[2:]  # after the first two bursts: at the longest gap, whatever the turnover
-    assert len(later) >= 4 and all(b - a == policy.PROBE_ROUNDS + policy.LAST_GAP for a, b in zip(later, later[1:]))
+    choices = refilled_batch(seed=1, lifetimes=(20, 40), rounds=1600)
+    later = burst_starts(choices)[2:]  # after the first two bursts: at the least gap, whatever the turnover
+    gap = policy.least_gap(flat(1.0, 1.0), [known(1.0, 4)] * 4, 1)
+    assert len(later) >= 4 and all(b - a == policy.PROBE_ROUNDS + gap for a, b in zip(later, later[1:]))
 
 
 def test_a_new_row_starts_from_its_groups_estimate():
@@ -139,23 +140,36 @@ def never_paying(prof: CostProfile, appended: int, rounds: int) -> list[str]:
     return choices
 
 
-def test_drafting_far_below_plain_waits_the_longest_gap_once_two_bursts_agree():
-    """Drafting predicted at half plain's rate (a drafting round costs two plain rounds and appends one token):
-    one burst's three rounds are too few to wait long on, so the second comes after FIRST_GAP; after it, the next
-    waits LAST_GAP rounds."""
-    choices = never_paying(flat(1.0, 1.0), 1, 3 * policy.LAST_GAP)
+@pytest.mark.parametrize("draft_s, appended", [(1.0, 1), (2.0, 2)])
+def test_bursts_that_do_not_pay_wait_until_probing_is_a_small_share(draft_s, appended):
+    """A drafting round costing two plain rounds and appending one token, or three and appending two: each drafted
+    round loses one plain round's time beyond the tokens it appends, a burst three, so after two bursts (one burst's
+    three rounds are too few to wait long on) the next waits 3 / PROBE_SHARE rounds."""
+    choices = never_paying(flat(1.0, draft_s), appended, 500)
+    want = math.ceil(policy.PROBE_ROUNDS * 1.0 / policy.PROBE_SHARE)
     second = policy.PROBE_ROUNDS + policy.FIRST_GAP
     assert policy.SURE_ROUNDS == 2 * policy.PROBE_ROUNDS
-    assert burst_starts(choices)[:3] == [0, second, second + policy.PROBE_ROUNDS + policy.LAST_GAP]
-
-
-def test_bursts_that_cost_much_wait_until_probing_is_a_small_share():
-    """A drafting round costing three plain rounds: a burst adds six plain rounds' time, so after two bursts the
-    next waits 6 / PROBE_SHARE = 120 rounds, past LAST_GAP."""
-    choices = never_paying(flat(1.0, 2.0), 2, 250)
-    want = math.ceil(policy.PROBE_ROUNDS * 2.0 / policy.PROBE_SHARE)
-    second = policy.PROBE_ROUNDS + policy.FIRST_GAP
     assert want > policy.LAST_GAP and burst_starts(choices)[:3] == [0, second, second + policy.PROBE_ROUNDS + want]
+
+
+def test_the_catch_up_of_a_longer_gap_lengthens_the_gap():
+    """The profile's catch-up (seconds per position each row feeds after the gap) is part of a burst's cost, and it
+    grows with the gap: the least gap is the least fixed point, and where the catch-up alone costs more than
+    PROBE_SHARE of a plain round, no gap is long enough (MAX_GAP)."""
+    rows = [known(1.0, 4)]
+    base = flat(1.0, 1.0)
+    with_catch_up = CostProfile(base.verify_s, base.draft_s, 256, {}, catch_up_s=0.002)
+
+    def fits(prof, gap):
+        return policy.burst_cost(prof, rows, 1, gap) <= policy.PROBE_SHARE * gap * prof.verify(1)
+
+    plain_gap, gap = policy.least_gap(base, rows, 1), policy.least_gap(with_catch_up, rows, 1)
+    assert plain_gap == 300 and gap > plain_gap  # 3 + 0.002 (G - 1) <= 0.01 G
+    assert fits(with_catch_up, gap) and not fits(with_catch_up, gap - 1)
+    dear = CostProfile(base.verify_s, base.draft_s, 256, {}, catch_up_s=0.02)
+    assert policy.least_gap(dear, rows, 1) == policy.MAX_GAP
+    batched = CostProfile(base.verify_s, base.draft_s, 256, {}, rows=4, catch_up_s=0.002)  # rows catching up alone
+    assert batched.round_catch_up(11) == pytest.approx(4 * 0.002 * 10)
 
 
 def test_a_new_request_starts_from_the_runs_pooled_estimate():

@@ -10,7 +10,7 @@ from eagle2.results.row_schema import FAILED_ROW_FIELDS, ROW_FIELDS, RowSchemaEr
 def good_row() -> dict:
     samples = {(int, str): 3, (int,): 1, (str, type(None)): None, (str,): "x", (list,): [1], (dict,): {},
                (int, float): 0.5, (int, float, type(None)): None, (int, type(None)): None,
-               (dict, type(None)): None, (bool, type(None)): None}
+               (dict, type(None)): None, (bool, type(None)): None, (bool,): False}
     return {key: samples[types] for key, types in ROW_FIELDS.items()} | {"status": "ok"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,18 @@ def test_rows_record_the_drafter_weights_and_a_head_changed_in_place_is_refused(
     with pytest.raises(ValueError, match="other drafter weights"):
         run(config("dataset.limit=3", *common))
     assert len(rows(tmp_path / "r")) == 2  # nothing added, nothing lost
+
+
+def test_ignore_eos_decodes_every_turn_to_max_new_tokens(tmp_path):
+    """A turn that ends at its stop token ends there by default; with ignore_eos it decodes max_new_tokens, the
+    same tokens first, under its own config hash (a throughput benchmark's equal lengths)."""
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "turns": ["What is the capital of France?"]}) + "\n")
+    common = ("method=plain", f"dataset.path={data}", "max_new_tokens=24", "model.dtype=float32")
+    run(config(*common, f"paths.results={tmp_path / 'stop'}"))
+    run(config(*common, "ignore_eos=true", f"paths.results={tmp_path / 'past'}"))
+    (stop,), (past,) = rows(tmp_path / "stop"), rows(tmp_path / "past")
+    assert stop["new_tokens"] < 24 and not stop["ignore_eos"]
+    assert past["new_tokens"] == 24 and past["ignore_eos"]
+    assert past["output_ids"][:stop["new_tokens"]] == stop["output_ids"]
+    assert past["config_hash"] != stop["config_hash"]

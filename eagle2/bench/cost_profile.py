@@ -96,34 +96,60 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
     return out
 
 
+CATCH_UP_PAIRS = 32  # pending positions a row feeds in the catch-up the profile times
+
+
+def started_drafters(target, head, make_drafter, *, depth: int, context: int, rows: int):
+    """``rows`` drafters (``make_drafter(depth)``) started on one random prompt of ``context`` tokens, the prompt
+    and its features (the tapped layers' for an EAGLE-3 head)."""
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
+    layers = getattr(head, "feature_layers", None)  # an EAGLE-3 head reads tapped layers
+    with LayerTap(target, layers or ()) as tap:
+        hidden = forward_target(target, torch.tensor([prompt], device=target.device), new_cache(target))
+        hidden = (tap.read() if layers else hidden)[0]
+    drafters = [make_drafter(depth) for _ in range(rows)]
+    for drafter in drafters:
+        drafter.start(prompt, prompt[-1], hidden)
+    return drafters, prompt, hidden
+
+
+def timed_round(drafters, prompt, hidden, pairs: int):
+    """One drafting round of ``drafters`` (together when more than one), then each hears ``pairs`` new positions
+    (as after a round that accepted nothing, ``pairs`` = 1, or after plain rounds): the next round feeds them."""
+    def round_():
+        if len(drafters) == 1:
+            drafters[0].propose(prompt[-1], room=1 << 30)
+        else:
+            type(drafters[0]).propose_batch(drafters, [prompt[-1]] * len(drafters), [1 << 30] * len(drafters))
+        for drafter in drafters:
+            drafter.observe(prompt[-pairs:], hidden[-pairs:])
+    return round_
+
+
 @torch.no_grad()
 def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps: int, rows: int = 1) -> list[float]:
     """Median seconds of one drafting round at depths 1..``depth``; ``make_drafter(d)`` builds the
     drafter (the EAGLE-2 drafter of ``head`` at depth ``d``). ``rows`` > 1: ``rows`` drafters drafting
     together, one ``propose_batch`` (``eagle2.drafters.head_group``), as batched decoding's rounds do."""
-    device = target.device
-    gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
-    layers = getattr(head, "feature_layers", None)  # an EAGLE-3 head reads tapped layers
-    with LayerTap(target, layers or ()) as tap:
-        hidden = forward_target(target, torch.tensor([prompt], device=device), new_cache(target))
-        hidden = (tap.read() if layers else hidden)[0]
     out = []
     for d in range(1, depth + 1):
-        drafters = [make_drafter(d) for _ in range(rows)]
-        for drafter in drafters:
-            drafter.start(prompt, prompt[-1], hidden)
-
-        def round_(drafters=drafters):
-            if rows == 1:
-                drafters[0].propose(prompt[-1], room=1 << 30)
-            else:
-                type(drafters[0]).propose_batch(drafters, [prompt[-1]] * rows, [1 << 30] * rows)
-            for drafter in drafters:
-                drafter.observe([prompt[-1]], hidden[-1:])  # as after a round that accepted nothing
-
-        out.append(median_time(round_, reps, device))
+        drafters, prompt, hidden = started_drafters(target, head, make_drafter, depth=d, context=context, rows=rows)
+        out.append(median_time(timed_round(drafters, prompt, hidden, 1), reps, target.device))
     return out
+
+
+@torch.no_grad()
+def measure_catch_up(target, head, make_drafter, *, context: int, reps: int, rows: int = 1,
+                     one_pair_s: float) -> float:
+    """Seconds per further pending position a row: a depth-1 drafting round after each row heard
+    ``CATCH_UP_PAIRS`` positions (at most ``context``), less ``one_pair_s`` (the round after one), over the further
+    ones."""
+    pairs = max(min(CATCH_UP_PAIRS, context), 2)
+    drafters, prompt, hidden = started_drafters(target, head, make_drafter, depth=1, context=context, rows=rows)
+    timed_round(drafters, prompt, hidden, pairs)()  # the first round still feeds the prompt's last pair
+    seconds = median_time(timed_round(drafters, prompt, hidden, pairs), reps, target.device)
+    return max(seconds - one_pair_s, 0.0) / (pairs - 1)
 
 
 def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: int, max_q: int, rows: int = 1,
@@ -136,6 +162,7 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
              **({} if kernels == "stock" else {"kernels": kernels}),
              "context": context, "max_q": max_q, "torch": torch.__version__,
              "curve": "despiked-centred",  # older profiles: a load-flattened curve, or T(1) raised to ~T(2)
+             "catch_up": CATCH_UP_PAIRS,  # older profiles: no catch-up measured
              **({"rows": rows} if rows > 1 else {}),  # batch 1 keeps every existing key
              **({"draft_rows": draft_rows} if draft_rows > 1 else {})}
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
@@ -182,10 +209,12 @@ def get_profile(target, head, drafting: dict, make_drafter, *, depth: int, top_k
             raw = measure_verify(target, context=context, max_q=max_q, reps=reps, rows=rows)
             draft = measure_draft(target, head, make_drafter, depth=depth, context=context, reps=reps,
                                   rows=draft_rows)
+            catch_up = measure_catch_up(target, head, make_drafter, context=context, reps=reps, rows=draft_rows,
+                                        one_pair_s=draft[0])
             return CostProfile(verify_curve(raw), draft, context, {
                 "key": key, "device": str(target.device), "dtype": str(target.dtype),
                 "threads": torch.get_num_threads(), "verify_raw_s": raw, "probe_t1_s": probe[0], "noise": probe[1]},
-                rows, draft_rows)
+                rows, draft_rows, catch_up)
 
         profile, problems = measured_until_sound(measure)
         if problems:

@@ -71,6 +71,7 @@ def make_row(cfg, chash, question, turn, prompt, out, tokenizer, fingerprints: d
         "dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
         "temperature": float(cfg.temperature), "top_p": float(cfg.top_p), "top_k": int(cfg.top_k),
         "seed": int(cfg.seed), "max_new_tokens": int(cfg.max_new_tokens), "config_hash": chash,
+        "ignore_eos": bool(cfg.get("ignore_eos", False)),
         "dtype": dtype_name(cfg.model.dtype), "status": "ok", "error": None,
         "prompt_tokens": len(prompt), "prompt_ids": list(prompt), "new_tokens": out.new_tokens,
         "wall_time_s": out.wall_time_s,

@@ -191,7 +191,7 @@ def _decode_all(cfg, chash, store, questions, fingerprints: dict) -> None:
     kernels = kernels_in_use(target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
     context = int(cfg.model.max_context)
-    eos = stop_ids(tokenizer, cfg.model.get("stop_tokens"))
+    eos = set() if cfg.get("ignore_eos") else stop_ids(tokenizer, cfg.model.get("stop_tokens"))
     logger = make_logger(cfg, chash)
     run_state: dict = {}  # what drafters learn across this run's turns (SuffixDecoding's global tree)
 

@@ -122,6 +122,8 @@ def validate_run_config(cfg: DictConfig) -> None:
     validate_process_settings(cfg)
     _int("warmup_tokens", cfg.get("warmup_tokens"), 0, nullable=True, null_means="no warm-up")
     _int("batch_size", cfg.get("batch_size", 1), 1)
+    if not isinstance(cfg.get("ignore_eos", False), bool):
+        raise _bad("ignore_eos", cfg.get("ignore_eos"), "true or false")
     if cfg.get("too_long_prompts", "fail") not in POLICIES:
         raise _bad("too_long_prompts", cfg.get("too_long_prompts"), " or ".join(POLICIES))
     seed = cfg.get("seed")

@@ -37,6 +37,9 @@ class CostProfile:
     meta: dict
     rows: int = 1  # requests verified together (the batch size the profile was measured at)
     draft_rows: int = 1  # rows whose drafting one ``draft_s`` entry times (``rows`` when they draft together)
+    # a drafting round's extra seconds per further pending position a row (the head fed the positions that plain
+    # rounds appended, eagle2.drafters.policy; for the ``draft_rows`` that one ``draft_s`` entry times; 0: unmeasured)
+    catch_up_s: float = 0.0
 
     def verify(self, q: int) -> float:
         """T_verify(q); beyond the measured range, extrapolated linearly from the last two points."""
@@ -51,6 +54,10 @@ class CostProfile:
     def round_draft(self, depth: int) -> float:
         """A round's drafting at ``depth``: every row of the batch drafts its tree (together: one ``draft_s``)."""
         return self.rows / self.draft_rows * self.draft(depth)
+
+    def round_catch_up(self, pairs: int) -> float:
+        """A round's extra drafting seconds when every row feeds ``pairs`` pending positions, not one."""
+        return self.rows / self.draft_rows * self.catch_up_s * max(pairs - 1, 0)
 
     def round_seconds(self, depth: int, nodes: int, least: int = 1) -> torch.Tensor:
         """Predicted seconds (float64) of a round drafting at ``depth`` and verifying m + 1 tokens,

@@ -15,15 +15,17 @@ exponential mean with weight ``SMOOTHING``): one round's accepted length is a no
 and a mean that follows single rounds too closely crosses the break-even point by chance and skips rounds that
 pay. A plain round learns nothing about acceptance, so after a run of plain rounds a probe burst (``PROBE_ROUNDS``
 drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
-still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; where drafting is
-predicted far below plain (under ``FAR_BELOW`` of its rate: acceptance would have to rise by a third to pay), the
-next burst waits the longest gap at once, and however the gap grows, a burst that does not pay waits long enough
-for probing to cost at most ``PROBE_SHARE`` of the plain rounds' time (``least_gap``: at large batch sizes a probe
-round costs two or more plain rounds); both once the estimate rests on two bursts (``SURE_ROUNDS``), not on one
-burst's three noisy rounds. A row with no estimate yet starts from its group's (below) or, alone, from
-the run's: every drafted round of the run's earlier requests, pooled (``run_state``, emptied after the warm-up);
-the run's first request starts with a burst. A row started from the run's estimate keeps the first gap until a
-burst of its own (each request explores once: one unlucky early burst must not keep a whole run from drafting).
+still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; and however the
+gap grows, a burst that does not pay waits long enough for probing to cost at most ``PROBE_SHARE`` of the plain
+rounds' time (``least_gap``), once the estimate rests on two bursts (``SURE_ROUNDS``), not on one burst's three
+noisy rounds. A burst's cost (``burst_cost``) is what its drafted rounds take beyond the plain rounds that would
+have appended their tokens, plus the catch-up of its first round: the drafter's head is fed every position the gap's
+plain rounds appended (at large batch sizes a burst's first round costs two plain rounds or more). Where drafting
+does not pay, probing is the policy's only cost against plain decoding, hence the small share. A row with no estimate
+yet starts from its group's (below) or, alone, from the run's: every drafted round of the run's earlier requests,
+pooled (``run_state``, emptied after the warm-up); the run's first request starts with a burst. A row started from
+the run's estimate keeps the first gap until a burst of its own (each request explores once: one unlucky early
+burst must not keep a whole run from drafting).
 The decision reads nothing but the profile and the counts, so a seeded run stays reproducible.
 
 Rows verified together probe together: the burst and its gap are the group's (a burst starts when no row of the
@@ -64,8 +66,8 @@ def resolved_policy(method_cfg, has_profile: bool) -> str:
 SMOOTHING = 0.1  # weight of the newest drafted round in a row's running estimate, once 1 / rounds is below it
 FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from FIRST_GAP while drafting does not pay
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
-FAR_BELOW = 0.75  # drafting predicted under this share of plain's rate: the next burst waits LAST_GAP rounds
-PROBE_SHARE = 0.05  # the most that probe bursts which do not pay may add to the plain rounds' time
+PROBE_SHARE = 0.01  # the most that probe bursts which do not pay may add to the plain rounds' time
+MAX_GAP = 4096  # the longest gap least_gap asks for (where the catch-up alone outgrows PROBE_SHARE, or nearly)
 SURE_ROUNDS = 2 * PROBE_ROUNDS  # drafted rounds an estimate needs before the long gaps apply
 
 
@@ -130,11 +132,28 @@ def start_burst(rows: list[RowEstimate]) -> None:
         r.probing, r.gap = PROBE_ROUNDS, gap
 
 
+def burst_cost(profile: CostProfile, rows: list[RowEstimate], depth: int, gap: int) -> float:
+    """Seconds a probe burst after ``gap`` plain rounds adds to the plain rounds' time: its ``PROBE_ROUNDS`` drafting
+    rounds less the plain rounds that would have appended the tokens they are expected to, plus the catch-up of
+    the ``gap`` positions each row appended meanwhile (measured in the profile, ``CostProfile.round_catch_up``)."""
+    plain = profile.verify(1)
+    lost = drafting_seconds(profile, rows, depth) - plain * sum(r.tokens for r in rows) / len(rows)
+    return PROBE_ROUNDS * max(lost, 0.0) + profile.round_catch_up(gap)
+
+
 def least_gap(profile: CostProfile, rows: list[RowEstimate], depth: int) -> int:
-    """Plain rounds between bursts for a burst's extra cost (a drafting round less a plain one, ``PROBE_ROUNDS``
-    times) to be at most ``PROBE_SHARE`` of their time."""
-    extra = drafting_seconds(profile, rows, depth) - profile.verify(1)
-    return math.ceil(PROBE_ROUNDS * max(extra, 0.0) / (PROBE_SHARE * profile.verify(1)))
+    """The fewest plain rounds between bursts for a burst's cost (``burst_cost``, its catch-up growing with the
+    gap) to be at most ``PROBE_SHARE`` of their time; ``MAX_GAP`` where no gap up to it is long enough."""
+    budget = PROBE_SHARE * profile.verify(1)  # seconds of probing each plain round may carry
+    gap = 1
+    for _ in range(32):  # the catch-up grows with the gap: iterate up to the least fixed point
+        need = math.ceil(burst_cost(profile, rows, depth, gap) / budget - 1e-9)
+        if need <= gap:
+            return gap
+        gap = need
+        if gap >= MAX_GAP:
+            break
+    return MAX_GAP
 
 
 def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: RowEstimate | None = None) -> dict:
@@ -149,9 +168,9 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: Row
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
         if choice == "plain" and max(r.rounds for r in rows) >= SURE_ROUNDS:
-            floor, far = least_gap(profile, rows, depth), rates[0] < FAR_BELOW * rates[1]
+            floor = least_gap(profile, rows, depth)
             for r in rows:
-                r.gap = r.gap if r.borrowed else max(LAST_GAP if far else r.gap, floor)
+                r.gap = r.gap if r.borrowed else max(r.gap, floor)
     for r in rows:
         r.probing = max(r.probing - 1, 0) if choice == "probe" else r.probing
         if choice == "draft":

@@ -56,7 +56,7 @@ def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
 
 def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """Plain-decoding rows comparable with the config ``g``: same model, dataset, temperature and,
-    where recorded, the same max_new_tokens, seed and dtype; of several such plain configs, the one sharing
+    where recorded, the same max_new_tokens, ignore_eos, seed and dtype; of several such plain configs, the one sharing
     the most question turns with ``g`` (never a pool of several). ``baseline``: ``eager`` or ``compiled``
     plain decoding (``BASELINES``); None: plain of ``g``'s own kind (in a folder of one kind, every plain)."""
     if baseline not in (None, *BASELINES):
@@ -66,7 +66,7 @@ def baseline_rows(rows: pd.DataFrame, g: pd.DataFrame, baseline: str | None = No
         rows.temperature == first.temperature)
     want = bool(compiled(g.iloc[:1]).iloc[0]) if baseline is None else baseline == "compiled"
     mask &= compiled(rows) == want
-    for key in ("max_new_tokens", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
+    for key in ("max_new_tokens", "ignore_eos", "seed", "dtype", "batch_size"):  # batched: plain at the same batch size
         if key in rows and pd.notna(first.get(key)):
             mask &= rows[key] == first[key]
     base = rows[mask]

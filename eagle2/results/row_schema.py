@@ -15,6 +15,7 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "question_id": (int, str), "turn": (int,), "category": (str, type(None)),
     "dataset": (str,), "model": (str,), "method": (str,), "config_hash": (str,), "dtype": (str,),
     "temperature": NUMBER, "top_p": NUMBER, "top_k": (int,), "seed": (int,), "max_new_tokens": (int,),
+    "ignore_eos": (bool,),  # decoded past the stop tokens to max_new_tokens (config ignore_eos)
     "status": (str,), "error": (str, type(None)),
     "prompt_tokens": (int,), "prompt_ids": (list,), "new_tokens": (int,), "output_ids": (list,),
     "output_text": (str,), "accept_lengths": (list,), "target_forwards": (int,),

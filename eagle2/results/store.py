@@ -69,6 +69,8 @@ def config_hash(cfg) -> str:
     picked["method"] = _method_settings(picked["method"])
     if resolved.get("truncate_long_prompts") or resolved.get("too_long_prompts") == "truncate_left":
         picked["truncate_long_prompts"] = True
+    if resolved.get("ignore_eos"):  # decoding past the stop tokens; off keeps every hash
+        picked["ignore_eos"] = True
     if str((resolved.get("engine") or {}).get("compile")).endswith("true"):  # compiled; eager keeps every hash
         picked["compile"] = True
     if int(resolved.get("batch_size") or 1) > 1:  # batch 1 keeps every existing hash

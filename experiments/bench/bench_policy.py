@@ -11,7 +11,9 @@ by eager plain's and by the faster plain at the same batch size. With ``--reps N
 folder (``rep1``, ``rep2``, ...), the cells run in the opposite order in every other repetition (a drift of the
 machine's speed then falls on both sides of a ratio), and the table shows each cell's median. ``--cells`` keeps
 the cells whose name contains one of its comma-separated words. Extra overrides (``-- model.dtype=float32``) go to
-every run.
+every run. Every turn decodes ``--tokens`` tokens (``ignore_eos=true``; ``--stop-at-eos`` stops at the stop
+tokens): in half precision a near-tie can end one method's turn early, and a batch's span is set by its longest
+turns, so unequal lengths would count against the method that wrote fewer tokens.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def run_cells(args, extra: list[str]) -> None:
         for name in names if i % 2 == 0 else names[::-1]:
             subprocess.run([sys.executable, "run.py", "-m", *CELLS[name], f"dataset={args.dataset}",
                             f"dataset.limit={args.limit}", f"max_new_tokens={args.tokens}",
-                            f"batch_size={args.batch}", f"paths.results={folder}", "logger=none", *extra], check=True)
+                            f"batch_size={args.batch}", f"paths.results={folder}", "logger=none",
+                            f"ignore_eos={str(not args.stop_at_eos).lower()}", *extra], check=True)
 
 
 def median_rates(results: str) -> dict[tuple[str, int], float]:
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=RESULTS, help="where the cells' rows go (a fresh folder: a new run)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions, each in its own folder (medians shown)")
     parser.add_argument("--cells", default=None, help="comma-separated words: run the cells whose name has one")
+    parser.add_argument("--stop-at-eos", action="store_true", help="turns end at their stop tokens (unequal lengths)")
     parser.add_argument("--print-only", action="store_true")
     args, extra = parser.parse_known_args(argv)
     if not args.print_only:
