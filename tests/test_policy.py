@@ -152,6 +152,19 @@ def test_bursts_that_do_not_pay_wait_until_probing_is_a_small_share(draft_s, app
     assert want > policy.LAST_GAP and burst_starts(choices)[:3] == [0, second, second + policy.PROBE_ROUNDS + want]
 
 
+def test_rows_verified_together_wait_long_after_one_burst():
+    """Four rows verified together, drafting not paying: one burst gives them twelve drafted rounds together, past
+    SURE_ROUNDS, so the next burst waits the least gap at once (one row alone needs two bursts)."""
+    rows, prof, choices = [policy.RowEstimate() for _ in range(4)], flat(1.0, 1.0), []
+    for _ in range(400):
+        choices.append(policy.decide(prof, rows, depth=1)["policy_choice"])
+        for row in rows:
+            if choices[-1] != "plain":
+                row.learn(1, 4)
+    gap = policy.least_gap(prof, rows, 1)
+    assert burst_starts(choices)[:2] == [0, policy.PROBE_ROUNDS + gap]
+
+
 def test_the_catch_up_of_a_longer_gap_lengthens_the_gap():
     """The profile's catch-up (seconds per position each row feeds after the gap) is part of a burst's cost, and it
     grows with the gap: the least gap is the least fixed point, and where the catch-up alone costs more than

@@ -17,8 +17,9 @@ pay. A plain round learns nothing about acceptance, so after a run of plain roun
 drafted rounds: one round says little) refreshes the estimate; the gap before the next burst doubles while a burst
 still finds drafting not paying (``FIRST_GAP`` up to ``LAST_GAP`` rounds) and is reset once it pays; and however the
 gap grows, a burst that does not pay waits long enough for probing to cost at most ``PROBE_SHARE`` of the plain
-rounds' time (``least_gap``), once the estimate rests on two bursts (``SURE_ROUNDS``), not on one burst's three
-noisy rounds. A burst's cost (``burst_cost``) is what its drafted rounds take beyond the plain rounds that would
+rounds' time (``least_gap``), once the estimate rests on two bursts' drafted rounds (``SURE_ROUNDS``), not on one
+burst's three noisy rounds (rows verified together count their rounds together: two rows or more have them after
+one burst). A burst's cost (``burst_cost``) is what its drafted rounds take beyond the plain rounds that would
 have appended their tokens, plus the catch-up of its first round: the drafter's head is fed every position the gap's
 plain rounds appended (at large batch sizes a burst's first round costs two plain rounds or more). Where drafting
 does not pay, probing is the policy's only cost against plain decoding, hence the small share. A row with no estimate
@@ -68,7 +69,7 @@ FIRST_GAP, LAST_GAP = 4, 64  # plain rounds before a probe burst: doubling from 
 PROBE_ROUNDS = 3  # drafted rounds of a probe burst
 PROBE_SHARE = 0.01  # the most that probe bursts which do not pay may add to the plain rounds' time
 MAX_GAP = 4096  # the longest gap least_gap asks for (where the catch-up alone outgrows PROBE_SHARE, or nearly)
-SURE_ROUNDS = 2 * PROBE_ROUNDS  # drafted rounds an estimate needs before the long gaps apply
+SURE_ROUNDS = 2 * PROBE_ROUNDS  # drafted rounds (a group's rows together) an estimate needs before the long gaps
 
 
 @dataclass
@@ -167,7 +168,7 @@ def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: Row
     else:
         rates = predicted_rates(profile, rows, depth)
         choice = "draft" if rates[0] > rates[1] else "plain"
-        if choice == "plain" and max(r.rounds for r in rows) >= SURE_ROUNDS:
+        if choice == "plain" and sum(r.rounds for r in rows) >= SURE_ROUNDS:
             floor = least_gap(profile, rows, depth)
             for r in rows:
                 r.gap = r.gap if r.borrowed else max(r.gap, floor)
