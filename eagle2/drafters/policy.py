@@ -143,18 +143,14 @@ def burst_cost(profile: CostProfile, rows: list[RowEstimate], depth: int, gap: i
 
 
 def least_gap(profile: CostProfile, rows: list[RowEstimate], depth: int) -> int:
-    """The fewest plain rounds between bursts for a burst's cost (``burst_cost``, its catch-up growing with the
-    gap) to be at most ``PROBE_SHARE`` of their time; ``MAX_GAP`` where no gap up to it is long enough."""
+    """The fewest plain rounds G between bursts for a burst's cost (``burst_cost``: a fixed part plus the catch-up,
+    growing by ``round_catch_up(2)`` with each round of the gap) to be at most ``PROBE_SHARE`` of their time,
+    ``fixed + per_round * (G - 1) <= PROBE_SHARE * G * T_B(1)``; ``MAX_GAP`` where no gap up to it is long enough."""
     budget = PROBE_SHARE * profile.verify(1)  # seconds of probing each plain round may carry
-    gap = 1
-    for _ in range(32):  # the catch-up grows with the gap: iterate up to the least fixed point
-        need = math.ceil(burst_cost(profile, rows, depth, gap) / budget - 1e-9)
-        if need <= gap:
-            return gap
-        gap = need
-        if gap >= MAX_GAP:
-            break
-    return MAX_GAP
+    per_round, fixed = profile.round_catch_up(2), burst_cost(profile, rows, depth, 1)
+    if per_round >= budget:
+        return MAX_GAP
+    return min(MAX_GAP, max(1, math.ceil((fixed - per_round) / (budget - per_round) - 1e-9)))
 
 
 def decide(profile: CostProfile, rows: list[RowEstimate], depth: int, prior: RowEstimate | None = None) -> dict:
