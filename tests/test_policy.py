@@ -314,6 +314,29 @@ def test_batched_rows_decide_together_and_stay_plain_decoding(tiny):
     assert any(r.drafter["policy_choice"] == "plain" for res in ruled.values() for r in res.output.rounds)
 
 
+def test_rows_verified_together_learn_the_padded_verify_length():
+    """Rows drafting trees of 2 and 6 nodes are verified in one forward of 6 a row: both learn 6, the verify length
+    they paid for (each its own size would predict a 4-node verify, too cheap, and keep the batch drafting)."""
+    class Inner:
+        def __init__(self, size):
+            self.size = size
+
+        @classmethod
+        def propose_batch(cls, inners, roots, rooms):
+            return [DraftTree(torch.arange(i.size), torch.arange(-1, i.size - 1), confidence=torch.ones(i.size))
+                    for i in inners]
+
+        def observe(self, new_tokens, hidden):
+            pass
+
+    rows = [policy.PolicyDrafter(Inner(size), flat(1.0, 0.1, rows=2)) for size in (2, 6)]
+    trees = policy.PolicyDrafter.propose_batch(rows, [7, 7], [100, 100])
+    assert [len(t) for t in trees] == [2, 6] and trees[0].meta["policy_choice"] == "probe"
+    for row in rows:
+        row.observe([1, 2], None)
+    assert [row.estimate.tree_size for row in rows] == [6, 6]
+
+
 def test_a_drafter_reading_its_own_nodes_is_refused():
     class Reads:
         needs_hidden = False

@@ -4,8 +4,9 @@ A drafting round costs its drafting plus a verify over the tree, ``T_draft + T_v
 it accepts plus the bonus; a plain round costs ``T_verify(1)`` and yields one token per row. Before drafting, the
 policy predicts both rates from the cost profile of this machine (``eagle2.drafters.budget.CostProfile``: the
 target, its batch size, its compile state and kernels, the drafter's cost) and the run's own counts (per row an
-exponentially weighted mean of the tokens its drafted rounds appended and of the trees it verified), and drafts
-only where drafting is predicted faster:
+exponentially weighted mean of the tokens its drafted rounds appended and of the verify lengths it paid for: its
+tree, or the largest tree of the rows verified with it, which the verify is padded to), and drafts only where
+drafting is predicted faster:
 
     draft:  sum over rows of E[tokens] / (T_draft + T_B(max q))      plain:  rows / T_B(1)
 
@@ -74,7 +75,8 @@ SURE_ROUNDS = 2 * PROBE_ROUNDS  # drafted rounds (a group's rows together) an es
 
 @dataclass
 class RowEstimate:
-    """One row's running counts: tokens appended by its drafted rounds (bonus included), trees verified."""
+    """One row's running counts: tokens appended by its drafted rounds (bonus included), and the length of the verify
+    they paid for (the row's tree, or with rows verified together the largest of their trees)."""
 
     tokens: float | None = None
     tree_size: float | None = None
@@ -185,7 +187,9 @@ class PolicyDrafter:
             raise ValueError(f"method.policy=pays cannot skip the rounds of {type(inner).__name__}: it reads the "
                              "target at its own tree nodes (set method.policy=always)")
         self.inner, self.profile, self.depth = inner, profile, depth
-        self.estimate, self.drafted_size = RowEstimate(), None  # drafted_size: this round's tree, if drafted
+        # drafted_size: this round's verify length, if drafted (rows verified together: the largest of their trees,
+        # which the verify is padded to; each row's own mean would price the padded verify too cheap)
+        self.estimate, self.drafted_size = RowEstimate(), None
         # every drafted round of the run's requests, pooled: where a new request starts (None: each afresh)
         self.run = None if run_state is None else run_state.setdefault("policy", RowEstimate())
 
@@ -212,9 +216,10 @@ class PolicyDrafter:
             trees = [lead.inner.propose(roots[0], rooms[0])]
         else:
             trees = type(lead.inner).propose_batch([d.inner for d in drafters], roots, rooms)
+        padded = max(len(tree) for tree in trees)
         for d, tree in zip(drafters, trees):
             tree.meta.update(meta)
-            d.drafted_size = None if meta["policy_choice"] == "plain" else len(tree)
+            d.drafted_size = None if meta["policy_choice"] == "plain" else padded
         return trees
 
     def observe(self, new_tokens: list[int], hidden) -> None:
