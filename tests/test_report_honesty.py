@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis.report import build_report, main
 from analysis.speedup import speedup_lines
+from eagle2.results.frames import baseline_rows, load_rows
 from tests.test_report import row
 
 
@@ -69,3 +70,16 @@ def test_equal_configs_of_one_label_say_which_is_shown(tmp_path):
     rep = build_report(results, tmp_path / "out")
     [note] = [n for n in rep.notes if "not shown" in n]
     assert "as many turns (2)" in note and "more turns" not in note, note
+
+
+def test_a_run_past_its_stop_tokens_pairs_with_plain_run_past_them_and_old_rows_stopped(tmp_path):
+    """``ignore_eos`` runs pair with plain rows of the same setting; rows stored before the field (no key) count as
+    stopping at their stop tokens, so a new run that stops still finds its old plain rows."""
+    old_plain = [row("plain", q, 10, 1.0) for q in range(3)]  # no ignore_eos key: written before the field
+    past_plain = [dict(row("plain", q, 10, 2.0), ignore_eos=True, config_hash="plain-past") for q in range(3)]
+    stops = [dict(row("pld", q, 12, 0.5, forwards=5), ignore_eos=False) for q in range(3)]
+    past = [dict(row("pld", q, 12, 0.5, forwards=5), ignore_eos=True, config_hash="pld-past") for q in range(3)]
+    rows = load_rows(rows_file(tmp_path / "results", old_plain + past_plain + stops + past).parent)
+    assert set(baseline_rows(rows, rows[rows.config_hash == stops[0]["config_hash"]]).config_hash) == {
+        old_plain[0]["config_hash"]}
+    assert set(baseline_rows(rows, rows[rows.config_hash == "pld-past"]).config_hash) == {"plain-past"}

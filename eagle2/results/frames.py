@@ -49,6 +49,8 @@ def load_rows(results: str | Path, status: str = "ok") -> pd.DataFrame:
     if frame.empty:
         return frame
     frame = frame.drop_duplicates(subset=GROUP + ["question_id", "turn"], keep="last")
+    if "ignore_eos" in frame:  # rows stored before the field decoded up to their stop tokens
+        frame["ignore_eos"] = frame["ignore_eos"].fillna(False).astype(bool)
     if "accept_lengths" in frame:  # failed rows have none
         frame["decode_tokens"] = frame["accept_lengths"].map(lambda a: sum(a) if isinstance(a, list) else 0)
     return frame.reset_index(drop=True)
