@@ -316,7 +316,8 @@ def test_batched_rows_decide_together_and_stay_plain_decoding(tiny):
 
 def test_rows_verified_together_learn_the_padded_verify_length():
     """Rows drafting trees of 2 and 6 nodes are verified in one forward of 6 a row: both learn 6, the verify length
-    they paid for (each its own size would predict a 4-node verify, too cheap, and keep the batch drafting)."""
+    they paid for (each learning its own size, the group would be priced at the largest of the rows' means, below
+    the mean of the rounds' largest trees wherever the largest tree moves between rows)."""
     class Inner:
         def __init__(self, size):
             self.size = size

@@ -66,6 +66,10 @@ def median_time(fn, reps: int, device="cpu") -> float:
     return statistics.median(times)
 
 
+SETTLED_Q = 8  # the smallest trees, where the round policy weighs T(1) against T(q): measured in three passes
+CATCH_UP_PAIRS = 32  # pending positions a row feeds in the catch-up the profile times
+
+
 @torch.no_grad()
 def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, rows: int = 1) -> list[float]:
     """Median seconds of a target forward over ``rows`` chains of q tree tokens, each after ``context`` tokens; up
@@ -104,25 +108,24 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
     return out
 
 
-SETTLED_Q = 8  # the smallest trees, where the round policy weighs T(1) against T(q): measured in three passes
-
-
-CATCH_UP_PAIRS = 32  # pending positions a row feeds in the catch-up the profile times
-
-
-def started_drafters(target, head, make_drafter, *, depth: int, context: int, rows: int):
-    """``rows`` drafters (``make_drafter(depth)``) started on one random prompt of ``context`` tokens, the prompt
-    and its features (the tapped layers' for an EAGLE-3 head)."""
+def profile_prompt(target, head, context: int):
+    """One random prompt of ``context`` tokens and its features (the tapped layers' for an EAGLE-3 head): what the
+    profile's drafters start on."""
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(target.config.vocab_size, (context,), generator=gen).tolist()
     layers = getattr(head, "feature_layers", None)  # an EAGLE-3 head reads tapped layers
     with LayerTap(target, layers or ()) as tap:
         hidden = forward_target(target, torch.tensor([prompt], device=target.device), new_cache(target))
         hidden = (tap.read() if layers else hidden)[0]
+    return prompt, hidden
+
+
+def started_drafters(make_drafter, depth: int, rows: int, prompt: list[int], hidden) -> list:
+    """``rows`` drafters (``make_drafter(depth)``) started on ``prompt`` and its features."""
     drafters = [make_drafter(depth) for _ in range(rows)]
     for drafter in drafters:
         drafter.start(prompt, prompt[-1], hidden)
-    return drafters, prompt, hidden
+    return drafters
 
 
 def timed_round(drafters, prompt, hidden, pairs: int):
@@ -143,9 +146,10 @@ def measure_draft(target, head, make_drafter, *, depth: int, context: int, reps:
     """Median seconds of one drafting round at depths 1..``depth``; ``make_drafter(d)`` builds the
     drafter (the EAGLE-2 drafter of ``head`` at depth ``d``). ``rows`` > 1: ``rows`` drafters drafting
     together, one ``propose_batch`` (``eagle2.drafters.head_group``), as batched decoding's rounds do."""
+    prompt, hidden = profile_prompt(target, head, context)  # one target forward for every depth
     out = []
     for d in range(1, depth + 1):
-        drafters, prompt, hidden = started_drafters(target, head, make_drafter, depth=d, context=context, rows=rows)
+        drafters = started_drafters(make_drafter, d, rows, prompt, hidden)
         out.append(median_time(timed_round(drafters, prompt, hidden, 1), reps, target.device))
     return out
 
@@ -157,7 +161,8 @@ def measure_catch_up(target, head, make_drafter, *, context: int, reps: int, row
     ``CATCH_UP_PAIRS`` positions (at most ``context``), less ``one_pair_s`` (the round after one), over the further
     ones."""
     pairs = max(min(CATCH_UP_PAIRS, context), 2)
-    drafters, prompt, hidden = started_drafters(target, head, make_drafter, depth=1, context=context, rows=rows)
+    prompt, hidden = profile_prompt(target, head, context)
+    drafters = started_drafters(make_drafter, 1, rows, prompt, hidden)
     timed_round(drafters, prompt, hidden, pairs)()  # the first round still feeds the prompt's last pair
     seconds = median_time(timed_round(drafters, prompt, hidden, pairs), reps, target.device)
     return max(seconds - one_pair_s, 0.0) / (pairs - 1)
