@@ -73,7 +73,22 @@ def test_batched_verify_profile_is_its_own_measurement(tiny, tmp_path):
     finally:
         cp.forward_target = real
     assert shapes[0] == (4, 8) and set(shapes[1:]) == {(4, 1), (4, 2), (4, 3)}
-    assert calls == [1, 2, 3, 3, 2, 1, 1, 2, 3]  # the small trees in three passes of alternating order
+    assert calls == [1, 2, 3, 3, 2, 1, 1, 2, 3]  # the small trees in three sweeps of alternating order
+
+
+def test_small_trees_are_timed_interleaved_so_a_slow_spell_keeps_their_ratios(tiny):
+    """A shared machine at half speed for a spell at the start of the measurement: T(q) / T(1) must stay q, the
+    ratio the round policy weighs (timed in passes of one q after another, the spell fell on most of T(3)'s)."""
+    target, _ = tiny
+    calls = []
+
+    def slow_spell(fn, reps, device, q):  # a true T(q) of q; the first 4 timings twice as long
+        calls.append(q)
+        return float(q) * (2.0 if len(calls) <= 4 else 1.0)
+
+    times = cp.measure_verify(target, context=8, max_q=3, reps=2, rows=2, timer=slow_spell)
+    assert [t / times[0] for t in times] == [1.0, 2.0, 3.0]
+    assert len(calls) == 18  # 2 reps x 3 sweeps, one timing of each small tree per sweep
 
 
 def _write_profile(tmp_path, target, head, rows, verify):

@@ -66,16 +66,29 @@ def median_time(fn, reps: int, device="cpu") -> float:
     return statistics.median(times)
 
 
-SETTLED_Q = 8  # the smallest trees, where the round policy weighs T(1) against T(q): measured in three passes
+SETTLED_Q = 8  # the smallest trees, where the round policy weighs T(1) against T(q): measured interleaved
+SWEEPS_PER_REP = 3  # interleaved sweeps over the smallest trees per repetition asked for
 CATCH_UP_PAIRS = 32  # pending positions a row feeds in the catch-up the profile times
+
+
+def interleaved(timed, keys: list, sweeps: int) -> dict:
+    """Each key's median of ``sweeps`` single timings ``timed(key)``, taken in sweeps over all keys in alternating
+    order: a change of a shared machine's speed during the measurement falls on every key alike, so their ratios
+    (T(q) against T(1), which the round policy weighs) stay true where a pass per key would carry it into one
+    (a B=8 profile once stored T(1) 50 ms against the 35 ms of the run's own plain rounds, T(4) true)."""
+    times: dict = {key: [] for key in keys}
+    for sweep in range(sweeps):
+        for key in keys if sweep % 2 == 0 else keys[::-1]:
+            times[key].append(timed(key))
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 @torch.no_grad()
 def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, rows: int = 1) -> list[float]:
     """Median seconds of a target forward over ``rows`` chains of q tree tokens, each after ``context`` tokens; up
-    to ``SETTLED_Q`` tokens, the median of three passes (forward, backward, forward: a shared machine's load comes in
-    bursts, and the round policy decides on T(1) against these). ``timer(fn, reps, device, q)`` replaces the
-    wall-clock median (e.g. GPU time by CUDA events)."""
+    to ``SETTLED_Q`` tokens interleaved (``interleaved``: ``SWEEPS_PER_REP`` x ``reps`` sweeps of one timing each),
+    the larger trees one after another. ``timer(fn, reps, device, q)`` replaces the wall-clock median (e.g. GPU time
+    by CUDA events)."""
     from eagle2.core.tree import DraftTree
 
     device = target.device
@@ -84,7 +97,7 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
     cache = new_cache(target, rows=rows)
     forward_target(target, torch.randint(vocab, (rows, context), generator=gen).to(device), cache)
 
-    def timed(q: int) -> float:
+    def timed(q: int, reps: int) -> float:
         tree = DraftTree(torch.randint(vocab, (q,), generator=gen), torch.arange(-1, q - 1),
                          confidence=torch.ones(q))
         # the inputs are on the device before the clock starts: a copy from the host inside the timed section
@@ -100,12 +113,9 @@ def measure_verify(target, *, context: int, max_q: int, reps: int, timer=None, r
 
         return timer(verify, reps, device, q) if timer else median_time(verify, reps, device)
 
-    out = [timed(q) for q in range(1, max_q + 1)]
-    small = range(1, min(SETTLED_Q, max_q) + 1)
-    backward = {q: timed(q) for q in reversed(small)}
-    for q in small:  # a third pass forward: each small q's median of three, a burst of load in one pass outvoted
-        out[q - 1] = statistics.median([out[q - 1], backward[q], timed(q)])
-    return out
+    small = list(range(1, min(SETTLED_Q, max_q) + 1))
+    settled = interleaved(lambda q: timed(q, 1), small, SWEEPS_PER_REP * reps)
+    return [settled[q] if q in settled else timed(q, reps) for q in range(1, max_q + 1)]
 
 
 def profile_prompt(target, head, context: int):
@@ -180,6 +190,7 @@ def profile_key(target, head, drafting: dict, depth: int, top_k: int, context: i
              "curve": "despiked-centred",  # older profiles: a load-flattened curve, or T(1) raised to ~T(2)
              "catch_up": CATCH_UP_PAIRS,  # older profiles: no catch-up measured
              "settled_q": SETTLED_Q,  # older profiles: the small trees measured in one pass
+             "interleaved": SWEEPS_PER_REP,  # older profiles: the small trees in three passes, each q in turn
              **({"rows": rows} if rows > 1 else {}),  # batch 1 keeps every existing key
              **({"draft_rows": draft_rows} if draft_rows > 1 else {})}
     for noisy in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures"):
