@@ -4,7 +4,7 @@ config has ``model.<key>`` (``model.head=/some/dir`` composes) without a hand-wr
 
 ``register()`` is idempotent; importing ``eagle2.bench`` calls it, as it registers the resolvers the configs use, so
 whatever composes ``conf/`` imports ``eagle2.bench`` first (``run.py``, ``train_head.py``, the tests' conftest).
-Composing without it fails on Hydra's line ``In 'model/_base': Could not find 'model/_families'``.
+Composing without it fails with Hydra's ``In 'model/_base': Could not load 'model/_families'.``
 """
 
 from __future__ import annotations
