@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-import eagle2.bench  # noqa: F401  (registers the config resolvers: device_type, first_set)
+import eagle2.bench  # noqa: F401  (registers what composing conf/ needs: the resolvers, the families' model keys)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -19,6 +19,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+import eagle2.bench  # noqa: F401  (registers what composing conf/ needs: the resolvers, the families' model keys)
+
 
 @hydra.main(config_path="conf", config_name="train_head", version_base=None)
 def main(cfg: DictConfig) -> None:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import eagle2.bench  # noqa: F401  (registers what composing conf/ needs: the resolvers, the families' model keys)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 # the cores are shared among pytest-xdist workers (`make test` runs two): one thread each on 2 cores

@@ -6,18 +6,43 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import eagle2.bench.known_keys as known_keys
+import eagle2.heads.family
+from eagle2.bench import family_keys
 from eagle2.heads.family import Family, families
 from eagle2.registry import CONF_DIR, known_methods, method_spec
 from eagle2.training.objectives import objectives
 from eagle2.training.support.models import export
 
 
-def test_every_family_is_a_model_config_key_and_every_method_weight_a_family():
-    base = OmegaConf.load(CONF_DIR / "model" / "_base.yaml")
-    missing = [key for key in families() if key not in base or base[key] is not None]
-    assert not missing, f"conf/model/_base.yaml lacks `{missing[0]}: null` (model.{missing[0]}= would be refused)"
+def model_config(*overrides: str):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=["model=vicuna7b", *overrides]).model
+
+
+def test_a_declared_family_is_a_model_key_null_by_default_that_the_command_line_sets(monkeypatch):
+    """No YAML names the key: its declaration alone makes ``model.<key>`` (the node ``model/_families`` that
+    ``conf/model/_base.yaml`` lists), and the known keys' cache is a new one for it."""
+    before = known_keys._conf_fingerprint(str(CONF_DIR))
+    declared = {**families(), "toy_head": Family("toy_head", load=None, save=None, doc="a toy family's weights")}
+    monkeypatch.setattr(eagle2.heads.family, "families", lambda: declared)
+    family_keys.register()
+    try:
+        model = model_config()
+        assert set(declared) <= set(model) and model.toy_head is None
+        assert model_config("model.toy_head=/some/dir").toy_head == "/some/dir"
+        assert model_config("model.head=/some/dir").head == "/some/dir"
+        assert known_keys._conf_fingerprint(str(CONF_DIR)) != before
+    finally:
+        monkeypatch.undo()
+        family_keys.register()
+    assert "toy_head" not in model_config()
+
+
+def test_every_method_weight_is_a_family():
     for name in known_methods():
         spec = method_spec(OmegaConf.create({"name": name}))
         assert set(spec.weights) <= set(families()), f"method={name} needs weights no family declares"

@@ -5,8 +5,8 @@ with the shipped head under the default config's hash. The keys a run may carry 
 groups themselves compose to: ``conf/config.yaml`` with every option of every group (model, method,
 dataset, logger) and every experiment preset. No list is kept by hand, so a key added to any YAML is known at
 once. Composing them all takes seconds, so the result is cached on disk (``~/.cache/eagle2/known_keys/``), keyed
-by the text of every YAML under the config folder, Hydra's version and this module's own source: any edit to
-either composes them again.
+by the text of every YAML under the config folder, the drafter families' keys (``eagle2.bench.family_keys``), Hydra's
+version and this module's own source: any edit to either composes them again.
 
 Below a key whose composed value is not a mapping (a list, a scalar, null) or is an empty mapping, any
 structure is accepted: such values are the user's data (``model.max_memory={0: 70GiB}``).
@@ -44,11 +44,14 @@ CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "
 
 
 def _conf_fingerprint(conf_dir: str) -> str:
-    """A hash of every YAML file's path and text under ``conf_dir``, of Hydra's version and of this module's source
-    (the code that builds the key list: a change to it is a new list)."""
+    """A hash of every YAML file's path and text under ``conf_dir``, of the families' keys (every model's keys too),
+    of Hydra's version and of this module's source (the code that builds the key list: a change to it is a new list)."""
     import hydra
 
-    digest = hashlib.sha1(hydra.__version__.encode() + b"\0" + Path(__file__).read_bytes())
+    from eagle2.heads.family import families
+
+    keyed_by = " ".join([hydra.__version__, *sorted(families())])
+    digest = hashlib.sha1(keyed_by.encode() + b"\0" + Path(__file__).read_bytes())
     for path in sorted(Path(conf_dir).rglob("*.yaml")):
         digest.update(str(path.relative_to(conf_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -65,7 +65,8 @@ def drafter_locations(cfg: DictConfig) -> dict[str, str]:
     keys = method_spec(cfg.method).weights
     missing = [key for key in keys if not cfg.model.get(key)]
     if missing:
-        raise ValueError(f"model {cfg.model.name} names no model.{missing[0]}, which method={cfg.method.name} needs")
+        raise ValueError(f"model {cfg.model.name} names no model.{missing[0]}, which method={cfg.method.name} needs "
+                         f"({families()[missing[0]].doc})")
     return {key: resolve_artifact(cfg.model[key]) for key in keys}
 
 

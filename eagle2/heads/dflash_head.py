@@ -244,4 +244,5 @@ def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
     return save_dflash_head(head, Path(folder), dtype=torch.float16)
 
 
-FAMILY = Family("dflash_head", load_dflash_head, save_dflash_head, fixture="eagle2.heads.dflash_head:write_random")
+FAMILY = Family("dflash_head", load_dflash_head, save_dflash_head, fixture="eagle2.heads.dflash_head:write_random",
+                doc="DFlash draft model (z-lab's layout) for method=dflash")

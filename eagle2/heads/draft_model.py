@@ -170,4 +170,5 @@ def load_draft_model(location: str | Path, target):
     return cast_like_target(draft, target).eval()
 
 
-FAMILY = Family("sps_draft", load_draft_model, save_draft_model, fixture="tests.zoo_fixtures:write_full_draft")
+FAMILY = Family("sps_draft", load_draft_model, save_draft_model, fixture="tests.zoo_fixtures:write_full_draft",
+                doc="small draft LM (hub id or local folder) for method=sps")

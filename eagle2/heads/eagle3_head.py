@@ -284,4 +284,5 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | 
     return folder
 
 
-FAMILY = Family("eagle3_head", load_eagle3_head, save_eagle3_head, fixture="tests.zoo_fixtures:write_eagle3_head")
+FAMILY = Family("eagle3_head", load_eagle3_head, save_eagle3_head, fixture="tests.zoo_fixtures:write_eagle3_head",
+                doc="EAGLE-3 head (official layout; hub id or local folder) for method=eagle3")

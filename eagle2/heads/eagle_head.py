@@ -161,4 +161,5 @@ def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = N
     return folder
 
 
-FAMILY = Family("head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head")
+FAMILY = Family("head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head",
+                doc="EAGLE head (hub id or local folder) for method=eagle/eagle2")

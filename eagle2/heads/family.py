@@ -1,8 +1,10 @@
 """Drafter families, each declared once, in the heads module of its weight format, as
 ``FAMILY = Family(key, load, save)``. ``key`` is its one name: the model-config key of its weights' location
-(``model.<key>``, null in ``conf/model/_base.yaml``), what a ``conf/method`` YAML lists under ``weights``, and
-the stage and section name of a new objective training it (``Objective(family=FAMILY)``, never the reverse).
-``load(location, target)`` reads them, ``save(module, folder, dtype=None)`` writes them (training exports so).
+(``model.<key>``, null in every model config: ``eagle2.bench.family_keys`` stores the keys as the config node
+``model/_families``, which ``conf/model/_base.yaml`` lists; ``doc`` says what it names), what a ``conf/method`` YAML
+lists under ``weights``, and the stage and section name of a new objective training it (``Objective(family=FAMILY)``,
+never the reverse). ``load(location, target)`` reads them, ``save(module, folder, dtype=None)`` writes them
+(training exports so).
 
 A family whose location is not a weights folder (REST's datastore is one ``.npz`` file) gives its own
 ``check(location, key)``, run before any model loads; the others get ``heads.locations``' folder checks, which
@@ -32,6 +34,7 @@ class Family:
     check: Callable | None = None  # (location, key) -> None, raising one line; None: a weights folder's checks
     files: tuple[str, ...] = WEIGHT_FILES  # a weights folder's weight files, best first
     fixture: str | None = None  # "module:function" writing a random checkpoint (tests); None: the zoo skips it
+    doc: str = ""  # what model.<key> names, e.g. "EAGLE head (hub id or local folder) for method=eagle/eagle2"
 
 
 @lru_cache(maxsize=None)

@@ -7,4 +7,5 @@ from __future__ import annotations
 from eagle2.heads.eagle_head import load_head, save_head
 from eagle2.heads.family import Family
 
-FAMILY = Family("hass_head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head")
+FAMILY = Family("hass_head", load_head, save_head, fixture="tests.zoo_fixtures:write_published_head",
+                doc="HASS-trained EAGLE-1 head (the EAGLE head's format) for method=hass")

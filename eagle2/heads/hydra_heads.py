@@ -147,4 +147,5 @@ def save_hydra_heads(heads: HydraHeads, folder: str | Path, dtype: torch.dtype |
 
 
 FAMILY = Family("hydra_head", load_hydra_heads, save_hydra_heads, files=(WEIGHT_FILE,),
-                fixture="tests.zoo_fixtures:write_hydra_head")
+                fixture="tests.zoo_fixtures:write_hydra_head",
+                doc="Hydra heads (local folder, this module's format) for method=hydra")

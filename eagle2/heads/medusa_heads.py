@@ -224,4 +224,5 @@ def write_draft_vocab(token_ids: torch.Tensor | None, folder: Path) -> None:
 
 
 FAMILY = Family("medusa_head", load_medusa_heads, save_medusa_heads, files=WEIGHT_FILES,
-                fixture="tests.zoo_fixtures:write_medusa_head")
+                fixture="tests.zoo_fixtures:write_medusa_head",
+                doc="Medusa heads (hub id or local folder, the authors' medusa_lm_head format) for method=medusa")

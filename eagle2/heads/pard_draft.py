@@ -139,4 +139,5 @@ def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
     return folder
 
 
-FAMILY = Family("pard_draft", load_pard_draft, save_pard_draft, fixture="eagle2.heads.pard_draft:write_random")
+FAMILY = Family("pard_draft", load_pard_draft, save_pard_draft, fixture="eagle2.heads.pard_draft:write_random",
+                doc="PARD draft (an SpS draft + mask_embedding) for method=pard")

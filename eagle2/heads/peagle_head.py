@@ -87,4 +87,5 @@ def write_random(folder: str | Path, target_config, seed: int = 6) -> Path:
     return save_peagle_head(head, Path(folder), dtype=torch.float16)
 
 
-FAMILY = Family("peagle_head", load_peagle_head, save_peagle_head, fixture="eagle2.heads.peagle_head:write_random")
+FAMILY = Family("peagle_head", load_peagle_head, save_peagle_head, fixture="eagle2.heads.peagle_head:write_random",
+                doc="P-EAGLE head (the EAGLE-3 layout + mask_hidden) for method=peagle")

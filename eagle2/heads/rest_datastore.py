@@ -173,4 +173,5 @@ def save_datastore(store: Datastore, path: str | Path, dtype=None) -> Path:
 
 
 FAMILY = Family("rest_datastore", load_datastore, save_datastore, check_datastore,
-                fixture="tests.zoo_fixtures:write_rest_datastore")
+                fixture="tests.zoo_fixtures:write_rest_datastore",
+                doc="REST datastore (.npz; python -m experiments.ops.build_datastore builds one) for method=rest")
