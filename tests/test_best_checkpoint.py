@@ -71,3 +71,25 @@ def test_learning_curve_draws_tau_beside_top1(tmp_path):
     import analysis.learning_curve as lc
 
     assert lc.tau_lines({"run": rows}) == {"run": ([1, 2, 3, 4, 5, 6], PLANTED, 3)}
+
+
+def test_each_member_of_a_joint_run_ends_at_its_own_best_validation(tmp_path):
+    """Two heads validated together: the primary peaks at the second validation, the other member at the first;
+    the restored module holds each at its own peak (a member without its own measure: the primary's step)."""
+    from eagle2.training.best import BestCheckpoint
+    from eagle2.training.objectives.joint import JointHeads
+
+    torch.manual_seed(0)
+    module = JointHeads({"a": torch.nn.Linear(3, 3), "b": torch.nn.Linear(3, 3), "c": torch.nn.Linear(3, 3)},
+                        primary="a")
+    best = BestCheckpoint("tau", tmp_path)
+    for step, (tau_a, tau_b) in enumerate([(1.0, 2.0), (1.5, 1.0), (1.2, 1.5)], start=1):
+        with torch.no_grad():
+            for head in module.heads.values():
+                head.weight.fill_(float(step))
+        best.value({"chain_tau": tau_a, "a/chain_tau": tau_a, "b/chain_tau": tau_b}, module, step)
+    kept = best.restore(module, "cpu")
+    assert kept["step"] == 2 and kept["members"] == {"a": {"step": 2, "value": 1.5}, "b": {"step": 1, "value": 2.0}}
+    assert module.heads["a"].weight.eq(2.0).all()
+    assert module.heads["b"].weight.eq(1.0).all()  # its own peak, not the primary's
+    assert module.heads["c"].weight.eq(2.0).all()  # no measure of its own: the primary's best step

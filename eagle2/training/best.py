@@ -6,6 +6,11 @@ validation that beats the best so far writes the trained weights to ``<out_dir>/
 ends with those weights in the module, so the export is the best checkpoint. ``tau`` is the greedy-chain tau of
 ``val_set: mtbench`` (the validation rows' ``chain_tau``): an EAGLE-3 head's tau can peak and then fall while its
 loss keeps falling, so its checkpoint is chosen by tau. The trainer's flat-curve stop follows the same measure.
+
+Several heads trained together (``eagle2.training.objectives.joint.JointHeads``, validated as ``name/<stat>``): the
+run's best follows the primary head, and each member whose own measure the validation has gets its own best too
+(``best_<name>.pt``, its weights alone), so a finished run exports every member at its own best validation; a
+member the validation does not measure (no greedy chain to take tau with) takes the primary's best step.
 """
 
 from __future__ import annotations
@@ -55,17 +60,38 @@ class BestCheckpoint:
         if stat not in stats:
             raise ValueError(f"train.*.best_by: the validation has no {stat} (tau needs val_set: mtbench)")
         value = sign * float(stats[stat])
+        members = (self.best or {}).get("members", {})
         if self.best is None or value > self.best["value"]:
             self.best = {"step": step, "value": value, "by": stat}
-            if distributed.is_main():
-                tmp = self.path.with_name(self.path.name + ".tmp")
-                torch.save({"model": trainable_state(module), **self.best}, tmp)
-                tmp.replace(self.path)
+            self._write(self.path, module, self.best)
+        joint = getattr(module, "heads", None)  # a joint run's members (JointHeads), each by its own measure
+        for name, head in (joint.items() if isinstance(joint, torch.nn.ModuleDict) else ()):
+            if f"{name}/{stat}" in stats:
+                mine = sign * float(stats[f"{name}/{stat}"])
+                if name not in members or mine > members[name]["value"]:
+                    members[name] = {"step": step, "value": mine}
+                    self._write(self.member_path(name), head, members[name])
+        if members:
+            self.best["members"] = members
         return value
 
+    def member_path(self, name: str) -> Path:
+        return self.path.with_name(f"best_{name}.pt")
+
+    @staticmethod
+    def _write(path: Path, module: torch.nn.Module, record: dict) -> None:
+        if distributed.is_main():
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save({"model": trainable_state(module), **record}, tmp)
+            tmp.replace(path)
+
     def restore(self, module: torch.nn.Module, device) -> dict | None:
-        """Put ``best.pt``'s weights into ``module``; returns which (None: none kept, or its file is gone)."""
+        """Put ``best.pt``'s weights into ``module``, then each member's own best (``best_<name>.pt``) into that
+        member; returns which (None: none kept, or its file is gone)."""
         if self.measure is None or self.best is None or not self.path.exists():
             return None
         module.load_state_dict(torch.load(self.path, map_location=device, weights_only=True)["model"], strict=False)
+        for name in (self.best.get("members") or {}):
+            state = torch.load(self.member_path(name), map_location=device, weights_only=True)["model"]
+            module.heads[name].load_state_dict(state, strict=False)
         return dict(self.best)

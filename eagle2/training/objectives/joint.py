@@ -17,7 +17,8 @@ initialisation, loss weights, unroll, vocabulary, taps) are its section's. Every
 (equal tokens). ``joint_loss`` sums the heads' losses and reports each head's stats under its name
 (``eagle3/top1``, ``hass/loss``); the ``primary`` head's stats also go unprefixed, so the learning curve and the
 flat-curve stop follow that head. With ``val_set: mtbench`` each member's greedy-chain tau is measured too
-(``name/chain_tau``; the primary's as ``chain_tau``, which ``best_by: tau`` reads). Each member is exported as
+(``name/chain_tau``; the primary's as ``chain_tau``), and ``best_by: tau`` keeps each member's own best validation
+(``eagle2.training.best``). Each member is exported as
 its own stage exports it (``Member.export``: its family's ``save``, to ``train.export.<export_key>``).
 """
 
