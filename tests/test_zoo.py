@@ -21,7 +21,9 @@ later method's run (``shared_target_loads``; decoding never changes the target, 
 make every later method differ from plain); both are deleted when the next (model, scale) starts or the module
 ends, so that one worker holds one at a time (a Llama-3-8B-wide one is 5 GB in memory, 10 GB on disk). The slow
 tests of one (model, scale) form one xdist group, so that ``--dist loadgroup`` (``make test-slow``) writes and
-loads them on one worker only, one after another.
+loads them on one worker only, one after another; the true-width targets over ``LARGE_TARGET_BYTES`` (the two
+Llama-3-8B-wide ones) share one group, so that two workers never hold two of them at once (each test holds 7.6 GB
+at most: the 5 GB target and a drafter at its width).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from eagle2.bench.runner import run
 from eagle2.heads.shapes import llama_config
@@ -43,6 +46,7 @@ from tests.zoo_fixtures import SPECIAL_TOKENS, weight_writers, write_target
 ROOT = Path(__file__).resolve().parents[1]
 GPU_MODELS = gpu_models()
 MAX_TRUE_WIDTH, PROXY_WIDTH = 5120, 2048  # 70B models' 8192 (~10 GB in fp32 for 1 layer + a head) do not fit
+LARGE_TARGET_BYTES = 4 * 2**30  # fp32; at most one such target loaded at a time on the whole machine
 DEFAULT_ZOO = ("vicuna7b",)  # in the default (fast) suite at narrow width; the rest is marked slow
 QUESTION = {"question_id": 1, "category": "smoke", "turns": ["Name three colours of the rainbow."]}
 NEW_TOKENS = 6
@@ -141,9 +145,25 @@ def check_method(zoo, name: str, scale: str, method: str) -> None:
         assert row["output_ids"] == plain["output_ids"], f"{name}/{method} differs from plain decoding"
 
 
+def target_bytes(name: str, scale: str) -> int:
+    """The fp32 size of the zoo target for ``name`` at ``scale`` (counted on the meta device)."""
+    from transformers import LlamaForCausalLM
+
+    layers, width = zoo_shape(name, scale)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(model_architecture(name), layers=layers, width=width))
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+def zoo_group(name: str, scale: str) -> str:
+    """The xdist group of a slow zoo model: its (model, scale) (its set-up shared), or the one group of the
+    large targets, which therefore run one after another on one worker."""
+    return "zoo-large" if target_bytes(name, scale) > LARGE_TARGET_BYTES else f"zoo-{name}-{scale}"
+
+
 def slow_group(name: str, scale: str):
-    """A slow zoo model's parameter: marked slow, and one xdist group per (model, scale) (its set-up shared)."""
-    return pytest.param(name, marks=[pytest.mark.slow, pytest.mark.xdist_group(f"zoo-{name}-{scale}")])
+    """A slow zoo model's parameter: marked slow, in its xdist group (``zoo_group``)."""
+    return pytest.param(name, marks=[pytest.mark.slow, pytest.mark.xdist_group(zoo_group(name, scale))])
 
 
 @pytest.mark.parametrize("method", known_methods())
