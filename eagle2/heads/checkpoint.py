@@ -10,6 +10,7 @@ they are dropped with a note). Anything else missing, extra or mis-shaped is ref
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -74,6 +75,20 @@ def write_token_ids(token_ids: torch.Tensor, path: str | Path) -> None:
     if token_ids.numel() and int(token_ids.max()) >= 2**31:
         raise ValueError(f"token id {int(token_ids.max())} does not fit a draft-vocabulary file (int32)")
     save_file({"token_ids": token_ids.to(torch.int32).contiguous()}, str(path))
+
+
+def write_checkpoint(folder: str | Path, config: dict, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                     weight_file: str = WEIGHT_FILES[0]) -> Path:
+    """Write ``config.json`` and ``weight_file`` (``state``, its float tensors in ``dtype``, integer and boolean ones
+    as they are) into ``folder``, made when missing; returns the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    save_file({k: v.detach().to(dtype if dtype and v.is_floating_point() else v.dtype).contiguous()
+               for k, v in state.items()}, str(folder / weight_file))
+    return folder
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,12 +25,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle2.heads.checkpoint import (
-    WEIGHT_FILES,
     cast_like_target,
     check_state,
     checkpoint_folder,
     drop_rotary_buffers,
     read_weights,
+    write_checkpoint,
 )
 from eagle2.heads.family import Family
 
@@ -98,16 +98,8 @@ def own_state_dict(draft) -> dict[str, torch.Tensor]:
 
 def save_draft_model(draft, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (no embedding, no LM head)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = draft.config.to_dict()
-    cfg[MARKER] = {"shares_target_embeddings": True}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in own_state_dict(draft).items()}
-    save_file(state, str(folder / WEIGHT_FILES[0]))
-    return folder
+    cfg = {**draft.config.to_dict(), MARKER: {"shares_target_embeddings": True}}
+    return write_checkpoint(folder, cfg, own_state_dict(draft), dtype)
 
 
 def _is_shared_format(folder: Path) -> bool:

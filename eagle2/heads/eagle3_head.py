@@ -43,6 +43,7 @@ from eagle2.heads.checkpoint import (
     checkpoint_folder,
     read_weights,
     shared_or_own_embedding,
+    write_checkpoint,
 )
 from eagle2.heads.family import Family
 
@@ -273,15 +274,8 @@ def serving_config(head: Eagle3Head, dtype: torch.dtype | None = None) -> dict:
 def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` (``serving_config``) + ``model.safetensors`` (no embedding) in the official
     layout, which the authors' code, vLLM and SGLang load."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(serving_config(head, dtype), indent=2, default=str))
-    state = {k: (v if v.dtype in (torch.long, torch.bool) else v.detach().to(dtype or v.dtype)).contiguous()
-             for k, v in head.state_dict().items() if "rotary" not in k}
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
+    state = {k: v for k, v in head.state_dict().items() if "rotary" not in k}
+    return write_checkpoint(folder, serving_config(head, dtype), state, dtype)
 
 
 FAMILY = Family("eagle3_head", load_eagle3_head, save_eagle3_head, fixture="tests.zoo_fixtures:write_eagle3_head",

@@ -40,6 +40,7 @@ from eagle2.heads.checkpoint import (
     read_token_ids,
     read_weights,
     shared_or_own_embedding,
+    write_checkpoint,
     write_token_ids,
 )
 from eagle2.heads.family import Family
@@ -145,17 +146,8 @@ def load_head(location: str | Path, target) -> EagleHead:
 
 def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (no embedding) in the published layout."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = head.config.to_dict()
-    cfg["bias"] = head.bias
-    cfg["architectures"] = ["EagleHead"]
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
-             if "rotary" not in k}
-    save_file(state, str(folder / "model.safetensors"))
+    cfg = {**head.config.to_dict(), "bias": head.bias, "architectures": ["EagleHead"]}
+    folder = write_checkpoint(folder, cfg, {k: v for k, v in head.state_dict().items() if "rotary" not in k}, dtype)
     if head.draft_vocab is not None:
         write_token_ids(head.draft_vocab, folder / DRAFT_VOCAB_FILE)
     return folder

@@ -33,7 +33,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file, read_token_ids, write_token_ids
+from eagle2.heads.checkpoint import (
+    check_state,
+    checkpoint_folder,
+    load_weight_file,
+    read_token_ids,
+    write_checkpoint,
+    write_token_ids,
+)
 from eagle2.heads.family import Family
 
 log = logging.getLogger(__name__)
@@ -196,13 +203,7 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
 def save_head_stack(heads: HeadStack, folder: str | Path, weight_file: str, dtype: torch.dtype | None = None,
                     **config) -> Path:
     """Write ``config.json`` + ``weight_file`` (the heads' state, in ``dtype``) + the draft vocabulary."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, str(folder / weight_file))
+    folder = write_checkpoint(folder, heads.config(**config), heads.state_dict(), dtype, weight_file)
     write_draft_vocab(heads.draft_vocab, folder)
     return folder
 
