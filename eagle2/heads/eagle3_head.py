@@ -45,6 +45,7 @@ from eagle2.heads.checkpoint import (
     shared_or_own_embedding,
     write_checkpoint,
 )
+from eagle2.heads.eagle_head import ReadsTargetEmbedding, head_config_from_target
 from eagle2.heads.family import Family
 
 
@@ -96,7 +97,7 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(ReadsTargetEmbedding):  # the target's embedding unless the checkpoint has its own
     title, family_key = "EAGLE-3 head", "eagle3_head"  # how errors name it, its model-config key
     shared_keys = ()  # nothing of the target is stored with it (its embedding is kept out of the state)
 
@@ -119,17 +120,6 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self._embed: list[nn.Module] = []  # the target's embedding unless the checkpoint has its own
-
-    def attach_embedding(self, embed_tokens: nn.Module) -> "Eagle3Head":
-        self._embed = [embed_tokens]
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        if not self._embed:
-            raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding)")
-        return self._embed[0]
 
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Draft over ``token_ids`` (target ids): stored sorted, as ``d2t``/``t2d`` in the official layout."""
@@ -173,8 +163,6 @@ EAGLE31_FLAGS = ("tap_norms", "norm_before_residual")  # config.json flags of an
 def eagle3_config_from_target(target_config, draft_vocab_size: int, eagle31: bool = False) -> LlamaConfig:
     """A head config matching the target's width, heads and RoPE, with a draft vocabulary; ``eagle31``: with
     EAGLE-3.1's norms (``EAGLE31_FLAGS``)."""
-    from eagle2.heads.eagle_head import head_config_from_target
-
     config = head_config_from_target(target_config, num_layers=1)
     config.draft_vocab_size = int(draft_vocab_size)
     for flag in EAGLE31_FLAGS if eagle31 else ():

@@ -48,7 +48,23 @@ from eagle2.heads.family import Family
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
 
-class EagleHead(nn.Module):
+class ReadsTargetEmbedding(nn.Module):
+    """A head whose input embedding is the target's (``attach_embedding``), kept out of its state dict."""
+
+    _embed: list[nn.Module] = []
+
+    def attach_embedding(self, embed_tokens: nn.Module):
+        self._embed = [embed_tokens]
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if not self._embed:
+            raise RuntimeError(f"{type(self).__name__} has no token embedding: call attach_embedding(target embedding)")
+        return self._embed[0]
+
+
+class EagleHead(ReadsTargetEmbedding):
     def __init__(self, config: LlamaConfig, bias: bool = True):
         super().__init__()
         self.config = config
@@ -58,18 +74,7 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.layers[0].input_layernorm = nn.Identity()  # absent in the published heads
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self._embed: list[nn.Module] = []  # the target's embedding, kept out of the state dict
         self.draft_vocab: torch.Tensor | None = None  # token ids by training frequency (optional)
-
-    def attach_embedding(self, embed_tokens: nn.Module) -> "EagleHead":
-        self._embed = [embed_tokens]
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        if not self._embed:
-            raise RuntimeError("EagleHead has no token embedding: call attach_embedding(target embedding)")
-        return self._embed[0]
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
