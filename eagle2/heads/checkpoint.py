@@ -96,12 +96,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict in ``folder``: ``model.safetensors`` if present, else ``pytorch_model.bin``."""
-    for name in WEIGHT_FILES:
+def read_weights(folder: Path, names: tuple[str, ...] = WEIGHT_FILES) -> dict[str, torch.Tensor]:
+    """The state dict in ``folder``: the first of ``names`` there (``model.safetensors``, else
+    ``pytorch_model.bin``)."""
+    for name in names:
         if (folder / name).is_file():
             return load_weight_file(folder / name)
-    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+    raise FileNotFoundError(f"{folder} holds none of {', '.join(names)}")
 
 
 def drop_rotary_buffers(what: str, state: dict[str, torch.Tensor]) -> list[str]:
