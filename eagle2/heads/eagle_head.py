@@ -100,7 +100,7 @@ def causal_mask(q_len: int, past: int, dtype: torch.dtype, device=None) -> torch
 def head_config_from_target(target_config, num_layers: int = 1) -> LlamaConfig:
     """A LlamaConfig for a head matching the target's width, heads and RoPE."""
     cfg = target_config.to_dict()
-    for key in ("quantization_config", "architectures", "auto_map", "_name_or_path"):
+    for key in ("quantization_config", "architectures", "auto_map", "_name_or_path", "_model_name_or_path"):
         cfg.pop(key, None)
     cfg["num_hidden_layers"] = num_layers
     cfg["model_type"] = "llama"
