@@ -10,7 +10,7 @@ from eagle2.bench.validation import QuestionFileError
 from eagle2.prompts.chat import render
 from eagle2.prompts.questions import PROJECT_ROOT, all_benchmark_questions, benchmark_file, load_questions
 from eagle2.registry import known_benchmarks
-from eagle2.training.corpora.prompts import training_prompts
+from eagle2.training.corpora.prompts import training_records
 
 
 @pytest.mark.parametrize("name", known_benchmarks())
@@ -45,7 +45,7 @@ def test_malformed_jsonl_names_its_line_not_a_datasets_error(tmp_path):
 
 
 def test_training_prompts_exclude_every_benchmark_question():
-    prompts = training_prompts(PROJECT_ROOT / "data" / "train" / "alpaca_5000.json.gz")
+    prompts = [p for p, _ in training_records(PROJECT_ROOT / "data" / "train" / "alpaca_5000.json.gz")]
     held_out = all_benchmark_questions()
     assert 4900 < len(prompts) < 5000
     assert not held_out & set(prompts)

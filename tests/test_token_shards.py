@@ -10,7 +10,7 @@ from eagle2.training.corpora.prompts import build_corpus
 from eagle2.training.data import Sequence, all_sequences, collate
 from eagle2.training.features import tokens_to_features
 from eagle2.training.objectives.eagle import head_loss
-from eagle2.training.shards import features_to_tokens, read_token_shard, write_token_shard
+from eagle2.training.shards import read_token_shard, write_token_shard
 from eagle2.training.support.losses import LossProjection
 from tests.conftest import tiny_head
 from tests.test_training import PROMPTS, ByteTokenizer, tiny_target
@@ -30,6 +30,18 @@ def test_token_shard_round_trip_and_size(tmp_path):
     assert path.stat().st_size < 4e6
 
 
+def features_to_tokens(feature_dir, token_dir) -> int:
+    """Token shards of a decoded feature corpus (one answer per sequence), one per feature shard, same index."""
+    paths = sorted(feature_dir.glob("shard_*.safetensors"))
+    token_dir.mkdir()
+    for path in paths:
+        shard = load_file(str(path))
+        offsets, starts = shard["offsets"].tolist(), shard["response_start"].tolist()
+        convs = [(shard["tokens"][a:b].tolist(), [(s, b - a)]) for a, b, s in zip(offsets[:-1], offsets[1:], starts)]
+        write_token_shard(token_dir / path.name.replace("shard_", "tokens_").replace(".safetensors", ".npz"), convs)
+    return len(paths)
+
+
 def test_tokens_to_features_equals_the_decoded_corpus(tmp_path):
     """Feature shards -> token shards -> feature shards gives the decoding path's shards back: the same
     tokens, offsets and response_start, no answer_mask, and its features (both kinds) to fp16 rounding."""
@@ -37,7 +49,7 @@ def test_tokens_to_features_equals_the_decoded_corpus(tmp_path):
     build_corpus(target, ByteTokenizer(), PROMPTS, tmp_path / "old", template="vicuna", system_prompt="S",
                  batch_size=4, max_new_tokens=16, max_prompt_tokens=128, temperature=0.0, samples_per_prompt=1,
                  seed=0, tap_layers=(0, 1, 2))
-    assert len(features_to_tokens(tmp_path / "old", tmp_path / "tokens")) == 4
+    assert features_to_tokens(tmp_path / "old", tmp_path / "tokens") == 4
     tokens_to_features(target, tmp_path / "tokens", tmp_path / "new", pad_id=0, tap_layers=(0, 1, 2),
                        token_budget=100)
     for path in sorted((tmp_path / "old").glob("shard_*.safetensors")):

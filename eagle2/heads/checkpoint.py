@@ -10,6 +10,7 @@ they are dropped with a note). Anything else missing, extra or mis-shaped is ref
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -76,17 +77,32 @@ def write_token_ids(token_ids: torch.Tensor, path: str | Path) -> None:
     save_file({"token_ids": token_ids.to(torch.int32).contiguous()}, str(path))
 
 
+def write_checkpoint(folder: str | Path, config: dict, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                     weight_file: str = WEIGHT_FILES[0]) -> Path:
+    """Write ``config.json`` and ``weight_file`` (``state``, its float tensors in ``dtype``, integer and boolean ones
+    as they are) into ``folder``, made when missing; returns the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    save_file({k: v.detach().to(dtype if dtype and v.is_floating_point() else v.dtype).contiguous()
+               for k, v in state.items()}, str(folder / weight_file))
+    return folder
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict in ``folder``: ``model.safetensors`` if present, else ``pytorch_model.bin``."""
-    for name in WEIGHT_FILES:
+def read_weights(folder: Path, names: tuple[str, ...] = WEIGHT_FILES) -> dict[str, torch.Tensor]:
+    """The state dict in ``folder``: the first of ``names`` there (``model.safetensors``, else
+    ``pytorch_model.bin``)."""
+    for name in names:
         if (folder / name).is_file():
             return load_weight_file(folder / name)
-    raise FileNotFoundError(f"{folder} holds neither {WEIGHT_FILES[0]} nor {WEIGHT_FILES[1]}")
+    raise FileNotFoundError(f"{folder} holds none of {', '.join(names)}")
 
 
 def drop_rotary_buffers(what: str, state: dict[str, torch.Tensor]) -> list[str]:

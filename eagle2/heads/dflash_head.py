@@ -34,7 +34,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from eagle2.core.features import eagle3_layers
-from eagle2.heads.checkpoint import cast_like_target, check_state, checkpoint_folder, read_weights
+from eagle2.heads.checkpoint import cast_like_target, check_state, checkpoint_folder, read_weights, write_checkpoint
 from eagle2.heads.family import Family
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -207,10 +207,6 @@ def load_dflash_head(location: str | Path, target) -> DFlashHead:
 
 def save_dflash_head(head: DFlashHead, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """``config.json`` (z-lab's keys) + ``model.safetensors`` (the draft's own weights only)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     cfg = head.config.to_dict()
     own = {"block_size": head.block_size, "mask_token_id": head.mask_token_id,
            "target_layer_ids": [i - 1 for i in head.feature_layers]}
@@ -219,10 +215,7 @@ def save_dflash_head(head: DFlashHead, folder: str | Path, dtype: torch.dtype | 
     cfg.update(architectures=[ARCHITECTURE], block_size=head.block_size, dflash_config=own,
                num_target_layers=getattr(head.config, "num_target_layers", None),
                tie_word_embeddings=False, torch_dtype=str(dtype or head.fc.weight.dtype).replace("torch.", ""))
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items() if "rotary" not in k}
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
+    return write_checkpoint(folder, cfg, {k: v for k, v in head.state_dict().items() if "rotary" not in k}, dtype)
 
 
 def default_taps(num_layers: int) -> tuple[int, ...]:

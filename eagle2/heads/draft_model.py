@@ -25,30 +25,20 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle2.heads.checkpoint import (
-    WEIGHT_FILES,
     cast_like_target,
     check_state,
     checkpoint_folder,
     drop_rotary_buffers,
     read_weights,
+    write_checkpoint,
 )
+from eagle2.heads.eagle_head import head_config_from_target
 from eagle2.heads.family import Family
 
 log = logging.getLogger(__name__)
 
 MARKER = "eagle2_sps_draft"
 SHARED_KEYS = ("model.embed_tokens.weight", "lm_head.weight")
-
-
-def draft_config(target_config, num_layers: int) -> LlamaConfig:
-    """The target's LlamaConfig with ``num_layers`` decoder layers."""
-    cfg = target_config.to_dict()
-    for key in ("quantization_config", "auto_map", "_name_or_path", "_model_name_or_path"):
-        cfg.pop(key, None)
-    cfg.update(num_hidden_layers=num_layers, model_type="llama", architectures=["LlamaForCausalLM"])
-    config = LlamaConfig(**cfg)
-    config._attn_implementation = getattr(target_config, "_attn_implementation", None) or "sdpa"
-    return config
 
 
 def _share_target_embeddings(draft: LlamaForCausalLM, target) -> None:
@@ -82,7 +72,9 @@ def build_draft_model(target, num_layers: int, init_from_target: bool = True) ->
     """A fresh ``num_layers``-layer draft sharing the target's embedding and LM head (eval mode)."""
     if num_layers < 1:
         raise ValueError("a draft model needs at least one decoder layer")
-    draft = _new_draft(draft_config(target.config, num_layers), target)
+    config = head_config_from_target(target.config, num_layers)  # the target's LlamaConfig, num_layers layers
+    config.architectures = ["LlamaForCausalLM"]
+    draft = _new_draft(config, target)
     if init_from_target:
         src_layers = target.base_model.layers
         for dst, src in zip(draft.model.layers, layer_sources(len(src_layers), num_layers)):
@@ -98,16 +90,8 @@ def own_state_dict(draft) -> dict[str, torch.Tensor]:
 
 def save_draft_model(draft, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (no embedding, no LM head)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = draft.config.to_dict()
-    cfg[MARKER] = {"shares_target_embeddings": True}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in own_state_dict(draft).items()}
-    save_file(state, str(folder / WEIGHT_FILES[0]))
-    return folder
+    cfg = {**draft.config.to_dict(), MARKER: {"shares_target_embeddings": True}}
+    return write_checkpoint(folder, cfg, own_state_dict(draft), dtype)
 
 
 def _is_shared_format(folder: Path) -> bool:

@@ -43,7 +43,9 @@ from eagle2.heads.checkpoint import (
     checkpoint_folder,
     read_weights,
     shared_or_own_embedding,
+    write_checkpoint,
 )
+from eagle2.heads.eagle_head import ReadsTargetEmbedding, head_config_from_target
 from eagle2.heads.family import Family
 
 
@@ -95,7 +97,7 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(ReadsTargetEmbedding):  # the target's embedding unless the checkpoint has its own
     title, family_key = "EAGLE-3 head", "eagle3_head"  # how errors name it, its model-config key
     shared_keys = ()  # nothing of the target is stored with it (its embedding is kept out of the state)
 
@@ -118,17 +120,6 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self._embed: list[nn.Module] = []  # the target's embedding unless the checkpoint has its own
-
-    def attach_embedding(self, embed_tokens: nn.Module) -> "Eagle3Head":
-        self._embed = [embed_tokens]
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        if not self._embed:
-            raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding)")
-        return self._embed[0]
 
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Draft over ``token_ids`` (target ids): stored sorted, as ``d2t``/``t2d`` in the official layout."""
@@ -172,8 +163,6 @@ EAGLE31_FLAGS = ("tap_norms", "norm_before_residual")  # config.json flags of an
 def eagle3_config_from_target(target_config, draft_vocab_size: int, eagle31: bool = False) -> LlamaConfig:
     """A head config matching the target's width, heads and RoPE, with a draft vocabulary; ``eagle31``: with
     EAGLE-3.1's norms (``EAGLE31_FLAGS``)."""
-    from eagle2.heads.eagle_head import head_config_from_target
-
     config = head_config_from_target(target_config, num_layers=1)
     config.draft_vocab_size = int(draft_vocab_size)
     for flag in EAGLE31_FLAGS if eagle31 else ():
@@ -273,15 +262,8 @@ def serving_config(head: Eagle3Head, dtype: torch.dtype | None = None) -> dict:
 def save_eagle3_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` (``serving_config``) + ``model.safetensors`` (no embedding) in the official
     layout, which the authors' code, vLLM and SGLang load."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(serving_config(head, dtype), indent=2, default=str))
-    state = {k: (v if v.dtype in (torch.long, torch.bool) else v.detach().to(dtype or v.dtype)).contiguous()
-             for k, v in head.state_dict().items() if "rotary" not in k}
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
+    state = {k: v for k, v in head.state_dict().items() if "rotary" not in k}
+    return write_checkpoint(folder, serving_config(head, dtype), state, dtype)
 
 
 FAMILY = Family("eagle3_head", load_eagle3_head, save_eagle3_head, fixture="tests.zoo_fixtures:write_eagle3_head",

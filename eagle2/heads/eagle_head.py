@@ -40,6 +40,7 @@ from eagle2.heads.checkpoint import (
     read_token_ids,
     read_weights,
     shared_or_own_embedding,
+    write_checkpoint,
     write_token_ids,
 )
 from eagle2.heads.family import Family
@@ -47,7 +48,23 @@ from eagle2.heads.family import Family
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by frequency, for reduced drafting
 
 
-class EagleHead(nn.Module):
+class ReadsTargetEmbedding(nn.Module):
+    """A head whose input embedding is the target's (``attach_embedding``), kept out of its state dict."""
+
+    _embed: list[nn.Module] = []
+
+    def attach_embedding(self, embed_tokens: nn.Module):
+        self._embed = [embed_tokens]
+        return self
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        if not self._embed:
+            raise RuntimeError(f"{type(self).__name__} has no token embedding: call attach_embedding(target embedding)")
+        return self._embed[0]
+
+
+class EagleHead(ReadsTargetEmbedding):
     def __init__(self, config: LlamaConfig, bias: bool = True):
         super().__init__()
         self.config = config
@@ -57,18 +74,7 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.layers[0].input_layernorm = nn.Identity()  # absent in the published heads
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self._embed: list[nn.Module] = []  # the target's embedding, kept out of the state dict
         self.draft_vocab: torch.Tensor | None = None  # token ids by training frequency (optional)
-
-    def attach_embedding(self, embed_tokens: nn.Module) -> "EagleHead":
-        self._embed = [embed_tokens]
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        if not self._embed:
-            raise RuntimeError("EagleHead has no token embedding: call attach_embedding(target embedding)")
-        return self._embed[0]
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, *, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor, cache=None) -> torch.Tensor:
@@ -94,7 +100,7 @@ def causal_mask(q_len: int, past: int, dtype: torch.dtype, device=None) -> torch
 def head_config_from_target(target_config, num_layers: int = 1) -> LlamaConfig:
     """A LlamaConfig for a head matching the target's width, heads and RoPE."""
     cfg = target_config.to_dict()
-    for key in ("quantization_config", "architectures", "auto_map", "_name_or_path"):
+    for key in ("quantization_config", "architectures", "auto_map", "_name_or_path", "_model_name_or_path"):
         cfg.pop(key, None)
     cfg["num_hidden_layers"] = num_layers
     cfg["model_type"] = "llama"
@@ -145,17 +151,8 @@ def load_head(location: str | Path, target) -> EagleHead:
 
 def save_head(head: EagleHead, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (no embedding) in the published layout."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = head.config.to_dict()
-    cfg["bias"] = head.bias
-    cfg["architectures"] = ["EagleHead"]
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in head.state_dict().items()
-             if "rotary" not in k}
-    save_file(state, str(folder / "model.safetensors"))
+    cfg = {**head.config.to_dict(), "bias": head.bias, "architectures": ["EagleHead"]}
+    folder = write_checkpoint(folder, cfg, {k: v for k, v in head.state_dict().items() if "rotary" not in k}, dtype)
     if head.draft_vocab is not None:
         write_token_ids(head.draft_vocab, folder / DRAFT_VOCAB_FILE)
     return folder

@@ -33,7 +33,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle2.heads.checkpoint import check_state, checkpoint_folder, load_weight_file, read_token_ids, write_token_ids
+from eagle2.heads.checkpoint import (
+    check_state,
+    checkpoint_folder,
+    read_token_ids,
+    read_weights,
+    write_checkpoint,
+    write_token_ids,
+)
 from eagle2.heads.family import Family
 
 log = logging.getLogger(__name__)
@@ -148,14 +155,6 @@ class MedusaHeads(HeadStack):
 
 # ------------------------------------------------------------------------------------ format
 
-def read_medusa_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The heads' state dict: safetensors if present, else the pickle with ``weights_only=True``."""
-    for name in WEIGHT_FILES:
-        if (folder / name).is_file():
-            return load_weight_file(folder / name)
-    raise FileNotFoundError(f"{folder} holds none of {', '.join(WEIGHT_FILES)}")
-
-
 def heads_from_state(state: dict[str, torch.Tensor], config: dict, what: str) -> MedusaHeads:
     """Empty heads shaped as ``state`` says (head count from the keys, layers from the config), checked
     strictly against it: a key outside the format, a missing key or a wrong shape raises naming it."""
@@ -183,7 +182,7 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
     folder = checkpoint_folder(str(location), "Medusa heads", "model.medusa_head",
                                (CONFIG_FILE, DRAFT_VOCAB_FILE, *WEIGHT_FILES))
     config = json.loads((folder / CONFIG_FILE).read_text()) if (folder / CONFIG_FILE).is_file() else {}
-    heads = heads_from_state(read_medusa_state(folder), config, f"Medusa heads {folder}")
+    heads = heads_from_state(read_weights(folder, WEIGHT_FILES), config, f"Medusa heads {folder}")
     hidden = target.config.hidden_size
     if heads.hidden != hidden:
         raise ValueError(f"Medusa heads {folder} have width {heads.hidden}, the target {hidden}")
@@ -196,13 +195,7 @@ def load_medusa_heads(location: str | Path, target) -> MedusaHeads:
 def save_head_stack(heads: HeadStack, folder: str | Path, weight_file: str, dtype: torch.dtype | None = None,
                     **config) -> Path:
     """Write ``config.json`` + ``weight_file`` (the heads' state, in ``dtype``) + the draft vocabulary."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(heads.config(**config), indent=2))
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, str(folder / weight_file))
+    folder = write_checkpoint(folder, heads.config(**config), heads.state_dict(), dtype, weight_file)
     write_draft_vocab(heads.draft_vocab, folder)
     return folder
 

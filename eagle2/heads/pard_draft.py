@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from eagle2.core.cache import cache_kwargs
-from eagle2.heads.checkpoint import WEIGHT_FILES, checkpoint_folder, load_weight_file
+from eagle2.heads.checkpoint import WEIGHT_FILES, checkpoint_folder, load_weight_file, write_checkpoint
 from eagle2.heads.draft_model import SHARED_KEYS, load_draft_model, save_draft_model
 from eagle2.heads.family import Family
 
@@ -128,13 +128,10 @@ def write_random(folder: str | Path, target_config, seed: int = 7) -> Path:
     draft = PardDraft(random_llama(config, seed=seed), para_depths=4, shares_target_embeddings=False)
     with torch.no_grad():
         draft.mask_embedding.uniform_(-0.05, 0.05, generator=torch.Generator().manual_seed(seed))
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in draft.lm.state_dict().items() if "rotary" not in k},
-              str(folder / WEIGHT_FILES[0]))
-    (folder / "config.json").write_text(json.dumps({**config.to_dict(), ENTRY: {"para_depths": 4, "mask": MASK_FILE}}))
+    state = {k: v for k, v in draft.lm.state_dict().items() if "rotary" not in k}
+    folder = write_checkpoint(folder, {**config.to_dict(), ENTRY: {"para_depths": 4, "mask": MASK_FILE}}, state)
     save_file({MASK_KEY: draft.mask_embedding.detach().contiguous()}, str(folder / MASK_FILE))
     return folder
 

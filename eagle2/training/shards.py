@@ -81,51 +81,6 @@ def answer_mask(length: int, spans) -> torch.Tensor:
     return mask
 
 
-def features_to_tokens(feature_dir: str | Path, token_dir: str | Path) -> list[Path]:
-    """Token shards of an existing feature corpus (each sequence's answer: its ``answer_mask`` spans, or
-    ``[response_start, n)``), one per feature shard, same index: a decoded corpus kept as tokens."""
-    out = Path(token_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in sorted(Path(feature_dir).glob("shard_*.safetensors")):
-        shard = load_file(str(path))
-        offsets, starts = shard["offsets"].tolist(), shard["response_start"].tolist()
-        mask = shard.get("answer_mask")
-        convs = []
-        for a, b, s in zip(offsets[:-1], offsets[1:], starts):
-            ids = shard["tokens"][a:b].tolist()
-            convs.append((ids, [(s, b - a)] if mask is None else mask_spans(mask[a:b])))
-        written.append(write_token_shard(out / path.name.replace("shard_", "tokens_").replace(
-            ".safetensors", ".npz"), convs, {"from": str(path)}))
-    return written
-
-
-def mask_spans(mask: torch.Tensor) -> list[tuple[int, int]]:
-    """The ``[start, end)`` runs of ones of a 0/1 mask."""
-    m = torch.cat([torch.zeros(1, dtype=torch.int8), mask.to(torch.int8), torch.zeros(1, dtype=torch.int8)])
-    edges = torch.nonzero(m[1:] - m[:-1]).flatten().tolist()
-    return [(edges[i], edges[i + 1]) for i in range(0, len(edges), 2)]
-
-
-def corpus_token_count(folder: str | Path) -> dict[str, int]:
-    """``{"sequences", "tokens", "answer_tokens"}`` of a token-shard folder (or a feature-shard folder)."""
-    seqs = tokens = answers = 0
-    if token_shard_paths(folder):
-        for path in token_shard_paths(folder):
-            convs, _ = read_token_shard(path)
-            seqs += len(convs)
-            tokens += sum(len(ids) for ids, _ in convs)
-            answers += sum(b - a for _, spans in convs for a, b in spans)
-        return {"sequences": seqs, "tokens": tokens, "answer_tokens": answers}
-    for shard in read_shards(folder):
-        seqs += len(shard["response_start"])
-        tokens += len(shard["tokens"])
-        mask = shard.get("answer_mask")
-        answers += int(mask.sum()) if mask is not None else int(
-            (shard["offsets"][1:] - shard["offsets"][:-1] - shard["response_start"]).sum())
-    return {"sequences": seqs, "tokens": tokens, "answer_tokens": answers}
-
-
 def write_shard(path: Path, rows, hidden_size: int, tap_layers: tuple[int, ...] = ()) -> None:
     """Write rows of (token ids, features (n, H or H + k*H), response_start) as one feature shard; rows may
     carry a fourth item, an (n,) 0/1 ``answer_mask`` (several answer spans per sequence)."""

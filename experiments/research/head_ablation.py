@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SELF_CORPUS = "artifacts/work/smollm2/corpus"
 DATASET_CORPUS = "artifacts/work/smollm2/corpus_dataset"
 CONVERSATIONS = "artifacts/work/smollm2/conversations_corpus"  # train_head.py stage=features writes it
 

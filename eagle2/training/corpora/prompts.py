@@ -61,11 +61,6 @@ def training_records(paths, benchmarks_dir: str | Path | None = None) -> list[tu
     return [(p, a) for p, a in pairs if p not in held_out]
 
 
-def training_prompts(paths, benchmarks_dir: str | Path | None = None) -> list[str]:
-    """Training prompts with every benchmark question removed."""
-    return [p for p, _ in training_records(paths, benchmarks_dir)]
-
-
 def build_corpus(model, tokenizer, prompts: list[str], out_dir: str | Path, *, template: str,
                  system_prompt: str | None, batch_size: int, max_new_tokens: int, max_prompt_tokens: int,
                  temperature: float, samples_per_prompt: int, seed: int, max_batches: int | None = None,

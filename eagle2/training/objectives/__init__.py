@@ -31,7 +31,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
@@ -79,6 +79,12 @@ def objectives() -> dict[str, Objective]:
              for info in pkgutil.iter_modules(package.__path__)]
     found = sorted((o for o in found if o is not None), key=lambda o: (o.order is None, o.order or 0, o.stage))
     return {o.stage: o for o in found}
+
+
+def module_chain(chain: Callable) -> Callable:
+    """A ``Member.chain`` for a chain drafter ``chain(module, seq, anchors, depth)`` that reads nothing of the
+    target: (module, target) -> ``chain`` bound to the module."""
+    return lambda module, target: partial(chain, module)
 
 
 def exported(summary: dict) -> bool:

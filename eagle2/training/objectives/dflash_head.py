@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from eagle2.core.tree import additive_mask
 from eagle2.heads.dflash_head import FAMILY, DFlashHead, default_taps, dflash_config_from_target
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.objectives import Member, Objective, solo_stage
+from eagle2.training.objectives import Member, Objective, module_chain, solo_stage
 from eagle2.training.support.losses import answer_positions, combine
 from eagle2.training.support.models import export
 
@@ -133,14 +133,9 @@ def dflash_chain(head: DFlashHead, seq, anchors: list[int], depth: int) -> torch
     return head.logits(out[:, 1:]).argmax(-1)
 
 
-def dflash_chain_of(head, target):
-    """The draft model's greedy one-forward chain drafter (``evaluate.chain_acceptance``)."""
-    return partial(dflash_chain, head)
-
-
 def evaluate_dflash_head(head, target, seqs, cfg) -> dict:
     """Held-out top-1 per slot (the seeded anchor draw) and the one-forward chain's acceptance."""
-    return evaluate_drafter(head, seqs, cfg, partial(dflash_loss, num_anchors=64), dflash_chain_of(head, target))
+    return evaluate_drafter(head, seqs, cfg, partial(dflash_loss, num_anchors=64), partial(dflash_chain, head))
 
 
 def export_dflash(head, summary: dict, cfg, root: Path, section: str = "dflash_head") -> Path:
@@ -148,6 +143,6 @@ def export_dflash(head, summary: dict, cfg, root: Path, section: str = "dflash_h
     return export(head, FAMILY, summary, cfg, root, kind="dflash", export_key="dflash_head", section=section)
 
 
-MEMBER = Member(dflash_setup, export_dflash, dflash_chain_of)
+MEMBER = Member(dflash_setup, export_dflash, module_chain(dflash_chain))
 OBJECTIVE = Objective("dflash_head", "DFlash draft model", solo_stage("dflash_head", "dflash", MEMBER),
                       export_key="dflash_head", family=FAMILY, evaluate=evaluate_dflash_head, member=MEMBER)

@@ -26,7 +26,7 @@ from eagle2.training.data import Sequence, answer_token_counts, tokens_by_freque
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter, feature_chain
 from eagle2.training.evaluation.heldout import validation
-from eagle2.training.objectives import Member, Objective, exported, train_objective
+from eagle2.training.objectives import Member, Objective, exported, module_chain, train_objective
 from eagle2.training.support.losses import (
     LogitsSoftCrossEntropy,
     LossProjection,
@@ -213,15 +213,10 @@ def eagle3_chain(head, seq: Sequence, anchors: list[int], depth: int) -> torch.T
     return feature_chain(head, seq.layer_features, to_token, seq, anchors, depth)
 
 
-def eagle3_chain_of(head, target):
-    """The head's greedy chain drafter (``evaluate.chain_acceptance``)."""
-    return partial(eagle3_chain, head)
-
-
 def evaluate_eagle3_head(head, target, seqs: list[Sequence], cfg) -> dict:
     """Teacher-forced top-1/top-4 (full-vocabulary argmax) and greedy-chain acceptance of an EAGLE-3 head."""
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    return evaluate_drafter(head, seqs, cfg, partial(eagle3_loss, proj=proj), eagle3_chain_of(head, target))
+    return evaluate_drafter(head, seqs, cfg, partial(eagle3_loss, proj=proj), partial(eagle3_chain, head))
 
 
 def export_eagle3(head, summary: dict, cfg, root: Path, section: str = "eagle3") -> Path:
@@ -234,10 +229,10 @@ def eagle3_stage(target, tokenizer, cfg, root: Path) -> Path | None:
     c = cfg.train.eagle3
     head, summary = train_eagle3_head(target, root / cfg.train.corpus.out_dir, c, root / c.out_dir,
                                       stop_after=c.stop_after,
-                                      **validation(target, tokenizer, cfg, root, "eagle3", eagle3_chain_of))
+                                      **validation(target, tokenizer, cfg, root, "eagle3", module_chain(eagle3_chain)))
     return export_eagle3(head, summary, cfg, root) if exported(summary) else None
 
 
 OBJECTIVE = Objective("eagle3", "EAGLE-3 head", eagle3_stage, order=2, export_key="eagle3_head",
                       family=FAMILY, evaluate=evaluate_eagle3_head,
-                      member=Member(eagle3_setup, export_eagle3, eagle3_chain_of), weights=("init_from",))
+                      member=Member(eagle3_setup, export_eagle3, module_chain(eagle3_chain)), weights=("init_from",))

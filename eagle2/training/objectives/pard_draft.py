@@ -36,7 +36,7 @@ from eagle2.heads.draft_model import build_draft_model
 from eagle2.heads.pard_draft import FAMILY, PardDraft
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.objectives import Member, Objective, solo_stage
+from eagle2.training.objectives import Member, Objective, module_chain, solo_stage
 from eagle2.training.objectives.peagle_head import cod_anchors, parallel_layout
 from eagle2.training.support.losses import LossProjection, answer_positions, combine, loss_dtype, soft_cross_entropy
 from eagle2.training.support.models import export
@@ -119,11 +119,6 @@ def pard_chain(draft: PardDraft, seq, anchors: list[int], depth: int) -> torch.T
     return drafted.view(depth, len(anchors)).T
 
 
-def pard_chain_of(draft, target):
-    """The draft's greedy one-forward chain drafter (``evaluate.chain_acceptance``)."""
-    return partial(pard_chain, draft)
-
-
 def pard_setup(target, corpus_dir, cfg):
     """(the draft to adapt, its loss function, its fingerprint settings) for ``cfg`` (``corpus_dir``: unread)."""
     draft = new_pard_draft(target, cfg)
@@ -137,7 +132,7 @@ def pard_setup(target, corpus_dir, cfg):
 def evaluate_pard_draft(draft, target, seqs, cfg) -> dict:
     """Held-out top-1 per depth (teacher-forced, the seeded COD draw) and the one-forward chain's acceptance."""
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    return evaluate_drafter(draft, seqs, cfg, partial(pard_loss, proj=proj), pard_chain_of(draft, target))
+    return evaluate_drafter(draft, seqs, cfg, partial(pard_loss, proj=proj), partial(pard_chain, draft))
 
 
 def export_pard(draft, summary: dict, cfg, root: Path, section: str = "pard_draft") -> Path:
@@ -147,5 +142,5 @@ def export_pard(draft, summary: dict, cfg, root: Path, section: str = "pard_draf
 
 # its stage only: no ``member=``, it joins no joint run (module docstring)
 OBJECTIVE = Objective("pard_draft", "PARD draft", solo_stage("pard_draft", "pard",
-                                                             Member(pard_setup, export_pard, pard_chain_of)),
+                                                             Member(pard_setup, export_pard, module_chain(pard_chain))),
                       export_key="pard_draft", family=FAMILY, evaluate=evaluate_pard_draft, weights=("init_from",))

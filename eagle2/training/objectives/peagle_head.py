@@ -20,7 +20,7 @@ import torch
 from eagle2.heads.peagle_head import FAMILY, PEagleHead, peagle_config_from_target
 from eagle2.training.evaluation.agreement import agreement, ranked_ids
 from eagle2.training.evaluation.evaluate import evaluate_drafter
-from eagle2.training.objectives import Member, Objective, solo_stage
+from eagle2.training.objectives import Member, Objective, module_chain, solo_stage
 from eagle2.training.objectives.eagle3 import draft_vocabulary_ids, new_eagle3_head
 from eagle2.training.support.losses import LogitsSoftCrossEntropy, LossProjection, answer_positions, combine, loss_dtype
 from eagle2.training.support.models import export
@@ -139,12 +139,7 @@ def peagle_chain(head, seq, anchors: list[int], depth: int) -> torch.Tensor:
 def evaluate_peagle_head(head, target, seqs, cfg) -> dict:
     """Held-out top-1 per depth (teacher-forced, the seeded COD draw) and the one-forward chain's acceptance."""
     proj = LossProjection(target.get_output_embeddings(), torch.float32)
-    return evaluate_drafter(head, seqs, cfg, partial(peagle_loss, proj=proj), peagle_chain_of(head, target))
-
-
-def peagle_chain_of(head, target):
-    """The head's greedy one-forward chain drafter (``evaluate.chain_acceptance``)."""
-    return partial(peagle_chain, head)
+    return evaluate_drafter(head, seqs, cfg, partial(peagle_loss, proj=proj), partial(peagle_chain, head))
 
 
 def export_peagle(head, summary: dict, cfg, root: Path, section: str = "peagle_head") -> Path:
@@ -152,6 +147,6 @@ def export_peagle(head, summary: dict, cfg, root: Path, section: str = "peagle_h
     return export(head, FAMILY, summary, cfg, root, kind="peagle", export_key="peagle_head", section=section)
 
 
-MEMBER = Member(peagle_setup, export_peagle, peagle_chain_of)
+MEMBER = Member(peagle_setup, export_peagle, module_chain(peagle_chain))
 OBJECTIVE = Objective("peagle_head", "P-EAGLE head", solo_stage("peagle_head", "peagle", MEMBER),
                       export_key="peagle_head", family=FAMILY, evaluate=evaluate_peagle_head, member=MEMBER)

@@ -45,7 +45,6 @@ NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safe
 # by `make gpu-bundle`; missing ones are named, not fatal (the check itself needs none of them)
 FOR_RUNS = {"omegaconf": "omegaconf", "hydra": "hydra-core", "antlr4": "antlr4-python3-runtime",
             "sentencepiece": "sentencepiece"}  # Vicuna's and LLaMA-2's tokenizer (pyproject's gpu extra)
-BUNDLED = ("omegaconf", "hydra-core", "antlr4-python3-runtime")  # pure Python: make gpu-bundle carries them
 REFUSED_WHEELS = ("torch", "transformers", "triton", "nvidia")  # never reinstalled from a bundle
 
 NO_GPU, NO_CUDA_TORCH, MISSING, BAD_BUNDLE = 0, 2, 3, 4
