@@ -51,10 +51,10 @@ DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # our extension: token ids by freq
 class ReadsTargetEmbedding(nn.Module):
     """A head whose input embedding is the target's (``attach_embedding``), kept out of its state dict."""
 
-    _embed: list[nn.Module] = []
+    _embed: tuple[nn.Module, ...] = ()  # set per instance by attach_embedding
 
     def attach_embedding(self, embed_tokens: nn.Module):
-        self._embed = [embed_tokens]
+        self._embed = (embed_tokens,)
         return self
 
     @property
