@@ -8,9 +8,10 @@ what was accepted, the round's records; at batch > 1 the clock read and the rows
 engine does) over SmolLM2's EAGLE head and vocabulary, with the verify replaced by a stand-in that returns fixed
 logits and features at once: the target's forward and KV commit, the same for both methods and far longer, would
 bury the difference in noise. The policy runs with a planted profile under which drafting never pays; only its
-plain rounds are counted (not its probe bursts). The two decoders alternate, the order flipping every repetition;
-each repetition prints both medians (ms per round) and their ratio. Rounds are timed in this thread's CPU time
-(``time.thread_time``) with one torch thread: on a shared machine, wall time mostly measures the neighbours.
+plain rounds are counted (not its probe bursts). The two decoders' rounds interleave, who goes first alternating;
+each repetition prints both medians (ms per round), their difference and their ratio. Rounds are timed in this
+thread's CPU time (``time.thread_time``) with one torch thread: on a shared machine, wall time mostly measures the
+neighbours, and the machine's speed drifts between runs (compare ratios, not milliseconds, across runs).
 """
 
 from __future__ import annotations
@@ -58,30 +59,45 @@ class FixedVerifier:
         pass
 
 
-def plain_round_seconds(target, head, prompt: list[int], method: dict, rows: int, rounds: int) -> list[float]:
-    """Seconds of each plain round of ``rounds`` rounds of ``rows`` sequences decoding with ``method``."""
-    hidden = target.config.hidden_size
-    seqs = {}
-    for row in range(rows):
-        drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head,
-                                weights={"policy_profile": never_paying(rows)})
-        drafter.start(prompt, prompt[-1], torch.randn(len(prompt), hidden) if drafter.needs_hidden else None)
-        seqs[row] = Sequence(drafter, None, [prompt[-1]])
-    verifier, clock, times = FixedVerifier(rows, 256, hidden), Clock("cpu"), []
-    for _ in range(rounds):
+class Decoding:
+    """``rows`` sequences decoding with ``method`` through the fixed verify, one round at a time (``timed_round``)."""
+
+    def __init__(self, target, head, prompt: list[int], method: dict, rows: int):
+        hidden = target.config.hidden_size
+        self.seqs = {}
+        for row in range(rows):
+            drafter = build_drafter(OmegaConf.create(method), target, GREEDY, None, head=head,
+                                    weights={"policy_profile": never_paying(rows)})
+            drafter.start(prompt, prompt[-1], torch.randn(len(prompt), hidden) if drafter.needs_hidden else None)
+            self.seqs[row] = Sequence(drafter, None, [prompt[-1]])
+        self.rows, self.verifier, self.clock = rows, FixedVerifier(rows, 256, hidden), Clock("cpu")
+
+    def timed_round(self) -> tuple[float, str]:
+        """One round: (its seconds, the policy's choice)."""
         start = time.thread_time()
-        if rows > 1:  # the batch engine's round: its own clock, read and settled at once
-            clock = Clock("cpu")
-        decode_round(seqs, verifier, GREEDY, clock, batch_drafting=rows > 1)
-        if rows > 1:
-            seconds = clock.resolve()
-            for seq in seqs.values():
+        if self.rows > 1:  # the batch engine's round: its own clock, read and settled at once
+            self.clock = Clock("cpu")
+        decode_round(self.seqs, self.verifier, GREEDY, self.clock, batch_drafting=self.rows > 1)
+        if self.rows > 1:
+            seconds = self.clock.resolve()
+            for seq in self.seqs.values():
                 seq.settle(seconds)
-        times.append(time.thread_time() - start)
-    if rows == 1:
-        seqs[0].settle(clock.resolve())
-    choices = [r.drafter.get("policy_choice", "plain") for r in seqs[0].rounds]
-    return [t for t, choice in zip(times, choices) if choice == "plain"]
+        elapsed = time.thread_time() - start
+        facts = self.seqs[0].pending[-1].meta if self.rows == 1 else self.seqs[0].rounds[-1].drafter
+        return elapsed, facts.get("policy_choice", "plain")
+
+
+def plain_round_seconds(target, head, prompt: list[int], methods: dict, rows: int, rounds: int) -> dict:
+    """Per method of ``methods`` (name -> method config), the seconds of each of its plain rounds, the methods'
+    rounds interleaved (who goes first alternating), so that a drift of the machine falls on both."""
+    decodings = {name: Decoding(target, head, prompt, method, rows) for name, method in methods.items()}
+    seconds = {name: [] for name in methods}
+    for i in range(rounds):
+        for name in in_turn(list(methods), i):
+            elapsed, choice = decodings[name].timed_round()
+            if choice == "plain":
+                seconds[name].append(elapsed)
+    return seconds
 
 
 def main() -> None:
@@ -97,18 +113,14 @@ def main() -> None:
     head = load_head(cfg.model.head, target)
     prompt = first_turns(tokenizer, 1)[0]
     methods = {"plain": {"name": "plain"}, "pays": POLICY}
-    for method in methods.values():  # warm-up
-        plain_round_seconds(target, head, prompt, method, args.batch, 20)
+    plain_round_seconds(target, head, prompt, methods, args.batch, 20)  # warm-up
     for rep in range(args.reps):
-        ms = {}
-        for name in in_turn(list(methods), rep):
-            seconds = plain_round_seconds(target, head, prompt, methods[name], args.batch, args.rounds)
-            ms[name] = (1e3 * statistics.median(seconds), 1e3 * statistics.mean(seconds), len(seconds))
+        ms = {name: (1e3 * statistics.median(s), len(s))
+              for name, s in plain_round_seconds(target, head, prompt, methods, args.batch, args.rounds).items()}
         print(f"rep {rep + 1}, B={args.batch}, {args.dtype}, {torch.get_num_threads()} threads: "
-              + "; ".join(f"{n} {m[0]:.3f} ms median ({m[1]:.3f} mean, {m[2]} plain rounds)" for n, m in ms.items())
+              + "; ".join(f"{n} {m[0]:.3f} ms median ({m[1]} plain rounds)" for n, m in ms.items())
               + f"; pays - plain {ms['pays'][0] - ms['plain'][0]:+.3f} ms, pays / plain "
               f"{ms['pays'][0] / ms['plain'][0]:.2f}x", flush=True)
-
 
 if __name__ == "__main__":
     main()
