@@ -368,3 +368,77 @@ def test_policy_always_keeps_the_old_hash_and_pays_does_not():
     old = OmegaConf.create(OmegaConf.to_container(always))
     del old.method["policy"]
     assert config_hash(always) == config_hash(old) != config_hash(pays)
+
+
+def recorded_roots(runner) -> list:
+    """Every catch-up of the head drafter ``runner``: (head positions committed, the feature predicted at the root)."""
+    seen, caught_up = [], runner.caught_up
+
+    def recording(fed, root_feature):
+        caught_up(fed, root_feature)
+        seen.append((runner.committed, root_feature.clone()))
+    runner.caught_up = recording
+    return seen
+
+
+def kept_cases(monkeypatch) -> set:
+    """The cases of ``engine.kept_features`` the rounds take: all the verified columns, the first ones, an index."""
+    taken, kept_features = set(), engine.kept_features
+
+    def recording(features, row, kept):
+        first = kept[-1] == len(kept) - 1
+        taken.add("index" if not first else "all" if len(kept) == features.shape[1] else "first")
+        return kept_features(features, row, kept)
+    monkeypatch.setattr(engine, "kept_features", recording)
+    return taken
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@torch.no_grad()
+def test_the_head_catches_up_on_the_features_of_plain_rounds(tiny, rows, monkeypatch):
+    """Probe bursts between runs of plain rounds, batch 1 and batched (refilled): at every catch-up the head's root
+    feature is the head's run offline over the committed sequence and its teacher-forced features, so every kept
+    node's features were heard, in order (a plain round's root, a drafted round's first columns, a path past rejected
+    siblings), and the plain rounds' are caught up on."""
+    from eagle2.heads.eagle_head import causal_mask
+
+    target, _, head = tiny
+    taken = kept_cases(monkeypatch)
+    monkeypatch.setattr(policy, "SURE_ROUNDS", 10**9)  # the gaps stay short: bursts after 4, 8, 16 plain rounds
+    method = {**EAGLE2, "depth": 2, "top_k": 4, "policy": "pays"}
+    prompts = [PROMPT, [4, 4, 9, 1], [3, 8, 2, 6, 1, 1, 5], [7, 2]][: 1 if rows == 1 else None]
+    drafters = [drafter_of(tiny, method, flat(1.0, 9.0, rows=rows)) for _ in prompts]
+    seen = [recorded_roots(d.inner) for d in drafters]
+    if rows == 1:
+        outputs = [engine.generate(target, drafters[0], PROMPT, GREEDY, 40, set()).output_ids]
+    else:
+        done = {}
+        queue = deque(BatchRequest(p, d, 40, key=i) for i, (p, d) in enumerate(zip(prompts, drafters)))
+        BatchEngine(target, GREEDY, set(), batch_size=rows).run(queue, lambda r: done.__setitem__(r.request.key, r))
+        outputs = [done[i].output.output_ids for i in range(len(prompts))]
+    steps = []
+    for prompt, output, roots in zip(prompts, outputs, seen):
+        ids = torch.tensor([prompt + output])
+        feats = target.base_model(input_ids=ids).last_hidden_state  # f[j] of every committed token
+        n = ids.shape[1] - 1  # head position j reads (t[j + 1], f[j])
+        want = head(ids[:, 1:], feats[:, :-1], position_ids=torch.arange(n)[None],
+                    attention_mask=causal_mask(n, 0, feats.dtype))[0]
+        for committed, root in roots:
+            torch.testing.assert_close(root, want[committed - 1], atol=1e-4, rtol=1e-4)
+        steps += [b[0] - a[0] for a, b in zip(roots, roots[1:])]
+    assert max(steps) > policy.FIRST_GAP  # catch-ups after plain rounds
+    assert taken == {"all", "first", "index"}
+
+
+def test_the_policy_answers_for_its_inner_drafter(tiny):
+    """What the engine asks every round, the wrapper answers as its inner drafter would: its batch key (rows draft
+    together exactly where their inner drafters would; none where the inner drafter has none: each row drafts alone)
+    and whether it reads the target's features."""
+    target = tiny[0]
+    eagle2 = drafter_of(tiny, {**EAGLE2, "policy": "pays"}, flat(1.0, 9.0))
+    pld = build_drafter(OmegaConf.create({"name": "pld", "k": 4, "policy": "pays"}), target, GREEDY, None,
+                        weights={"policy_profile": flat(1.0, 9.0)})
+    assert isinstance(eagle2, policy.PolicyDrafter) and isinstance(pld, policy.PolicyDrafter)
+    assert eagle2.batch_key() == eagle2.inner.batch_key() and not hasattr(pld, "batch_key")
+    assert (eagle2.needs_hidden, pld.needs_hidden) == (True, False)
+    assert not hasattr(eagle2, "observe_target")

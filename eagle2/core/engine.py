@@ -218,7 +218,7 @@ def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, cl
         if hasattr(drafter, "observe_target"):  # the target's logits at every node it proposed, non-candidates too
             drafter.observe_target(tree, logits[row])
         new = tree.tokens[path].tolist() + [bonus]  # one read, not one per accepted node
-        drafter.observe(new, features[row, kept[row]] if drafter.needs_hidden else None)
+        drafter.observe(new, kept_features(features, row, kept[row]) if drafter.needs_hidden else None)
         seq.out.extend(new)
         seq.accept_lengths.append(len(new))
         _record_nodes(seq.nodes, tree, len(seq.rounds) + len(seq.pending), path)
@@ -227,6 +227,17 @@ def decode_round(seqs: dict[int, Sequence], verifier, params: SamplingParams, cl
         t0, t1, f0 = marks[row]
         seq.pending.append(RoundMarks(t0, t1, v0, v1, t3, f0, seq.forward_count(), len(seqs), len(trees[row]),
                                       len(accepted[row][0]), {**trees[row].meta, **facts}))
+
+
+def kept_features(features: torch.Tensor, row: int, kept: list[int]) -> torch.Tensor:
+    """The target's features (len(kept), F) at a row's kept nodes (ascending, the root first) of the round's
+    ``features`` (B, Q, F). Where they are its first columns (a plain round's root, a chain accepted from its start),
+    a view: a list index copies, at ~4x a view's cost per row and round; a view keeps the round's features alive
+    while a drafter holds it (until its next catch-up)."""
+    n = len(kept)
+    if kept[-1] != n - 1:
+        return features[row, kept]
+    return features[row] if n == features.shape[1] else features[row, :n]
 
 
 class SingleVerifier:

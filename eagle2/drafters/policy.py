@@ -187,14 +187,23 @@ class PolicyDrafter:
             raise ValueError(f"method.policy=pays cannot skip the rounds of {type(inner).__name__}: it reads the "
                              "target at its own tree nodes (set method.policy=always)")
         self.inner, self.profile, self.depth = inner, profile, depth
+        # the batch key, asked every round: an attribute of its own (a miss ``__getattr__`` serves costs as much as
+        # the call), computed once (the inner drafter's head and tree settings, fixed for its life)
+        if hasattr(inner, "batch_key"):
+            key = inner.batch_key()
+            self.batch_key = lambda: key
         # drafted_size: this round's verify length, if drafted (rows verified together: the largest of their trees,
         # which the verify is padded to; each row's own mean would price the padded verify too cheap)
         self.estimate, self.drafted_size = RowEstimate(), None
         # every drafted round of the run's requests, pooled: where a new request starts (None: each afresh)
         self.run = None if run_state is None else run_state.setdefault("policy", RowEstimate())
 
-    def __getattr__(self, name):  # needs_hidden, spans, forward_time, feature_layers, batch_key, ...
-        if name == "inner":
+    @property
+    def needs_hidden(self) -> bool:  # asked every round: not through ``__getattr__``
+        return self.inner.needs_hidden
+
+    def __getattr__(self, name):  # spans, forward_time, feature_layers, ...
+        if name in ("inner", "observe_target"):  # observe_target: refused above, asked every round
             raise AttributeError(name)
         return getattr(self.inner, name)
 
