@@ -20,9 +20,6 @@ class NullLogger:
     def log_row(self, row: dict) -> None:
         pass
 
-    def log_table(self, name: str, frame) -> None:
-        pass
-
     def finish(self, summary: dict) -> None:
         pass
 
@@ -40,9 +37,6 @@ class WandbLogger(NullLogger):
 
     def log_row(self, row: dict) -> None:
         self.run.log({k: row[k] for k in SCALARS if row.get(k) is not None})
-
-    def log_table(self, name: str, frame) -> None:
-        self.run.log({name: self.wandb.Table(dataframe=frame)})
 
     def finish(self, summary: dict) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if v is not None})
