@@ -132,7 +132,8 @@ def test_stop_at_context_lets_a_long_prompt_decode_until_the_context_is_full():
         rows.fit_prompt(list(range(2048)), cfg, 2048)
 
 
-def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_rate(tmp_path, monkeypatch, capsys):
+def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_rate(tmp_path, monkeypatch, capsys,
+                                                                                   shared_target_loads):
     calls = []
     real = runner.generate
 
