@@ -4,6 +4,8 @@ on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py), judged the
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -99,12 +101,16 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn.",
 
 
 @pytest.fixture(scope="module")
-def smollm2_plain(smollm2) -> dict[str, list[int]]:
-    """Each of QUESTIONS' plain greedy answer on SmolLM2 (24 new tokens at most), decoded once for this module: the
-    first n tokens of it are what plain decoding of n tokens gives."""
+def smollm2_plain(smollm2):
+    """question -> its plain greedy answer on SmolLM2 (24 new tokens at most), decoded on first use and kept for this
+    module's tests: the first n tokens of it are what plain decoding of n tokens gives."""
     model, tok = smollm2
-    return {q: decode(model, {"name": "plain"}, encode_conversation(tok, "tokenizer", [q], []), 24,
-                      eos={tok.eos_token_id}).output_ids for q in QUESTIONS}
+
+    @functools.cache
+    def answer(question: str) -> list[int]:
+        return decode(model, {"name": "plain"}, encode_conversation(tok, "tokenizer", [question], []), 24,
+                      eos={tok.eos_token_id}).output_ids
+    return answer
 
 
 def test_plain_equals_generate_on_smollm2(smollm2, smollm2_plain):
@@ -112,7 +118,7 @@ def test_plain_equals_generate_on_smollm2(smollm2, smollm2_plain):
     for q in QUESTIONS[:2]:
         prompt = encode_conversation(tok, "tokenizer", [q], [])
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
-        assert smollm2_plain[q] == ref
+        assert smollm2_plain(q) == ref
 
 
 # make test keeps EAGLE-2 on the real SmolLM2; every method's identity is also checked by default on the tiny targets
@@ -124,7 +130,7 @@ def test_speculative_equals_plain_on_smollm2(smollm2, smollm2_plain, name):
     head = tiny_head(model, seed=0)  # an untrained head: drafts mostly rejected
     for q in QUESTIONS:
         prompt = encode_conversation(tok, "tokenizer", [q], [])
-        ref = smollm2_plain[q][:20]
+        ref = smollm2_plain(q)[:20]
         draft = model if name == "sps" else None  # the target as its own draft: drafts mostly accepted
         out = decode(model, SPEC_METHODS[name], prompt, 20, head=head, draft=draft, eos={tok.eos_token_id})
         assert out.output_ids == ref
@@ -219,7 +225,7 @@ def test_flattened_position_ids_break_deep_sibling_identity(positional, monkeypa
 
 def test_deep_non_first_child_acceptance_equals_plain_on_smollm2(smollm2, smollm2_plain, monkeypatch):
     model, tok = smollm2
-    prompt, plain = encode_conversation(tok, "tokenizer", [QUESTIONS[0]], []), smollm2_plain[QUESTIONS[0]]
+    prompt, plain = encode_conversation(tok, "tokenizer", [QUESTIONS[0]], []), smollm2_plain(QUESTIONS[0])
     ref, out = oracle_decode(model, prompt, 16, eos={tok.eos_token_id}, reference=plain)
     assert out.output_ids == ref and max(out.accept_lengths) == 5
     monkeypatch.setattr(DraftTree, "position_ids", flattened_position_ids)
