@@ -178,6 +178,52 @@ def tiny_pard_draft(target, seed: int = 0, para_depths: int = 4):
 shared_pard_draft = per_target(lambda target: tiny_pard_draft(target, seed=7))
 
 
+def load_each_target_once(patch: pytest.MonkeyPatch, store: dict, keep: int) -> None:
+    """The runner's ``load_target`` (and the identity audit's reference loads, from ``eagle2.bench.models``) made
+    to load each target config once and hand that loaded model to every later run of the same config, from
+    ``store``; the ``keep`` last loaded are kept (an older one is dropped and collected before the next loads).
+    Decoding never changes the target (a run that did would make the later runs differ from plain); a run that
+    compiles attaches its compiled path (``model.static_decoder``), so such a model is loaded afresh instead."""
+    import gc
+
+    from omegaconf import OmegaConf
+
+    import eagle2.bench.models as models
+    import eagle2.bench.runner as runner
+
+    load = models.load_target
+
+    def load_once(model_cfg, *args, **kwargs):
+        key = (OmegaConf.to_yaml(model_cfg), args, tuple(sorted(kwargs.items())))
+        if key in store and hasattr(store[key][0], "static_decoder"):
+            del store[key]
+        if key not in store:
+            while store and len(store) >= keep:
+                del store[next(iter(store))]
+            gc.collect()  # the dropped target gone before the next one loads
+            store[key] = load(model_cfg, *args, **kwargs)
+        return store[key]
+
+    patch.setattr(runner, "load_target", load_once)
+    patch.setattr(models, "load_target", load_once)
+
+
+@pytest.fixture(scope="session")
+def session_target_loads() -> dict:
+    """The targets loaded by ``shared_target_loads`` (or a wider-scoped fixture's ``load_each_target_once``)."""
+    return {}
+
+
+@pytest.fixture
+def shared_target_loads(monkeypatch, session_target_loads):
+    """In this test the runner loads each SmolLM2 config (fp32, bf16) once per pytest process and hands it to every
+    later run of a test that uses this fixture (``load_each_target_once``): what a run records does not depend on
+    whether its target was loaded for it; the loading itself has its own tests (the ``smollm2`` fixture, run.py's
+    subprocess tests, test_large_targets, test_placement)."""
+    load_each_target_once(monkeypatch, session_target_loads, keep=2)
+    return session_target_loads
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from omegaconf import OmegaConf

@@ -143,7 +143,7 @@ def test_eagle3_greedy_equals_plain_on_tiny(tiny6, draft_vocab):
         assert generate(tiny6, drafter, prompt, GREEDY, 24, set()).output_ids == want
 
 
-def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, smollm2):
+def test_random_official_head_runs_through_run_py_identical_to_plain(tmp_path, smollm2, shared_target_loads):
     """The done-when check: a random head in the official layout for SmolLM2's shape, via
     ``method=eagle3 model.eagle3_head=DIR``, decodes token-identically to plain in fp32."""
     from analysis.metrics import iter_rows

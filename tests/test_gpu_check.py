@@ -79,12 +79,12 @@ def test_unknown_stage_is_refused(tmp_path, fake):
 def test_hung_stage_is_killed_at_its_limit_and_later_stages_run(tmp_path, fake):
     fake({"verify_cost": "hang"})
     start = time.monotonic()
-    code, report = check(tmp_path, "--stages", "verify_cost,syncs", "--stage-limit-s", "4")
+    code, report = check(tmp_path, "--stages", "verify_cost,syncs", "--stage-limit-s", "3")
     assert time.monotonic() - start < 60  # not the fake's 120 s
     assert code == 1
     hung = [r for r in report["rows"] if r["stage"] == "verify_cost"]
     assert [r["status"] for r in hung] == ["ok", "failed"], hung  # the row it finished is kept
-    assert "killed at 4 s" in hung[1]["error"] and report["stage_runs"][0]["killed"]
+    assert "killed at 3 s" in hung[1]["error"] and report["stage_runs"][0]["killed"]
     assert [r["status"] for r in report["rows"] if r["stage"] == "syncs"] == ["ok"]
     for pid in (hung[0]["pid"], hung[0]["grandchild"]):  # the whole process group is gone
         assert not alive(pid), pid
@@ -122,11 +122,12 @@ def test_a_failed_or_broken_stage_exits_1(tmp_path, fake, behaviour, error):
     assert report["rows"][-1]["stage"] == "syncs" and report["rows"][-1]["status"] == "ok"
 
 
-def test_a_stage_the_budget_does_not_reach_is_a_failed_row(tmp_path, fake):
+def test_a_stage_the_budget_does_not_reach_is_a_failed_row(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 1.0)  # (5 s by default) a 3 s budget starts the first stage only
     fake({"audit_vicuna7b": "hang"})
-    code, report = check(tmp_path, "--stages", "audit_vicuna7b,exact_fp32", "--budget-s", "7")
+    code, report = check(tmp_path, "--stages", "audit_vicuna7b,exact_fp32", "--budget-s", "3")
     assert code == 1
-    assert report["stage_runs"][0]["limit_s"] <= 7 and report["stage_runs"][0]["killed"]
+    assert report["stage_runs"][0]["limit_s"] <= 3 and report["stage_runs"][0]["killed"]
     last = report["rows"][-1]
     assert last["stage"] == "exact_fp32" and last["status"] == "failed" and "not run" in last["error"]
 

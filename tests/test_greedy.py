@@ -4,6 +4,8 @@ on a CUDA device in fp16 and bf16 (marked ``gpu``; tests/devices.py), judged the
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -98,25 +100,37 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn.",
              "Explain why the sky is blue in two sentences."]
 
 
-def test_plain_equals_generate_on_smollm2(smollm2):
+@pytest.fixture(scope="module")
+def smollm2_plain(smollm2):
+    """question -> its plain greedy answer on SmolLM2 (24 new tokens at most), decoded on first use and kept for this
+    module's tests: the first n tokens of it are what plain decoding of n tokens gives."""
+    model, tok = smollm2
+
+    @functools.cache
+    def answer(question: str) -> list[int]:
+        return decode(model, {"name": "plain"}, encode_conversation(tok, "tokenizer", [question], []), 24,
+                      eos={tok.eos_token_id}).output_ids
+    return answer
+
+
+def test_plain_equals_generate_on_smollm2(smollm2, smollm2_plain):
     model, tok = smollm2
     for q in QUESTIONS[:2]:
         prompt = encode_conversation(tok, "tokenizer", [q], [])
-        ours = decode(model, {"name": "plain"}, prompt, 24, eos={tok.eos_token_id}).output_ids
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
-        assert ours == ref
+        assert smollm2_plain(q) == ref
 
 
 # make test keeps EAGLE-2 on the real SmolLM2; every method's identity is also checked by default on the tiny targets
 # above and on the zoo's stand-in (test_zoo), so the other methods run here in CI after make test (heavy)
 @pytest.mark.parametrize("name", [n if n == "eagle2" else pytest.param(n, marks=pytest.mark.heavy)
                                   for n in SPEC_METHODS])
-def test_speculative_equals_plain_on_smollm2(smollm2, name):
+def test_speculative_equals_plain_on_smollm2(smollm2, smollm2_plain, name):
     model, tok = smollm2
     head = tiny_head(model, seed=0)  # an untrained head: drafts mostly rejected
     for q in QUESTIONS:
         prompt = encode_conversation(tok, "tokenizer", [q], [])
-        ref = decode(model, {"name": "plain"}, prompt, 20, eos={tok.eos_token_id}).output_ids
+        ref = smollm2_plain(q)[:20]
         draft = model if name == "sps" else None  # the target as its own draft: drafts mostly accepted
         out = decode(model, SPEC_METHODS[name], prompt, 20, head=head, draft=draft, eos={tok.eos_token_id})
         assert out.output_ids == ref
@@ -170,9 +184,10 @@ class SiblingOracle:
         return DraftTree(torch.tensor(tokens[:room]), torch.tensor(parents[:room]))
 
 
-def oracle_decode(target, prompt, n, eos=frozenset()):
-    """(plain output, oracle output) for ``n`` new tokens."""
-    reference = decode(target, {"name": "plain"}, prompt, n + 8, eos=eos).output_ids
+def oracle_decode(target, prompt, n, eos=frozenset(), reference=None):
+    """(plain output, oracle output) for ``n`` new tokens; ``reference``: the plain output of ``n + 8`` tokens, when
+    already decoded."""
+    reference = reference or decode(target, {"name": "plain"}, prompt, n + 8, eos=eos).output_ids
     oracle = SiblingOracle(reference, target.config.vocab_size)
     return reference[:n], engine.generate(target, oracle, prompt, GREEDY, n, set(eos))
 
@@ -208,10 +223,10 @@ def test_flattened_position_ids_break_deep_sibling_identity(positional, monkeypa
         assert out.output_ids != ref
 
 
-def test_deep_non_first_child_acceptance_equals_plain_on_smollm2(smollm2, monkeypatch):
+def test_deep_non_first_child_acceptance_equals_plain_on_smollm2(smollm2, smollm2_plain, monkeypatch):
     model, tok = smollm2
-    prompt = encode_conversation(tok, "tokenizer", [QUESTIONS[0]], [])
-    ref, out = oracle_decode(model, prompt, 16, eos={tok.eos_token_id})
+    prompt, plain = encode_conversation(tok, "tokenizer", [QUESTIONS[0]], []), smollm2_plain(QUESTIONS[0])
+    ref, out = oracle_decode(model, prompt, 16, eos={tok.eos_token_id}, reference=plain)
     assert out.output_ids == ref and max(out.accept_lengths) == 5
     monkeypatch.setattr(DraftTree, "position_ids", flattened_position_ids)
-    assert oracle_decode(model, prompt, 16, eos={tok.eos_token_id})[1].output_ids != ref
+    assert oracle_decode(model, prompt, 16, eos={tok.eos_token_id}, reference=plain)[1].output_ids != ref

@@ -141,7 +141,7 @@ def test_tied_draft_without_lm_head_loads(target, tmp_path):
     assert torch.equal(draft.lm_head.weight, weights["model.embed_tokens.weight"])
 
 
-def test_authors_head_decodes_like_plain_on_smollm2(tmp_path, smollm2):
+def test_authors_head_decodes_like_plain_on_smollm2(tmp_path, smollm2, shared_target_loads):
     """The issue's acceptance check: a random head written like the published EAGLE-1/2 heads (fp16
     ``pytorch_model.bin`` with ``embed_tokens.weight``, config without ``rope_theta``) loads with
     ``model.head=DIR`` for SmolLM2 and EAGLE-2 decodes token-identically to plain in fp32 (the static

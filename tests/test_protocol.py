@@ -70,7 +70,10 @@ def test_gpu_models_compose_with_the_authors_protocol(model, limit):
     assert (m["device_map"] == "auto") == model.endswith("70b")
 
 
-@pytest.mark.parametrize("model,limit,template", [("vicuna7b", 512, "vicuna"), ("llama31_8b", 512, "tokenizer")])
+# make test starts run.py for vicuna7b; llama31_8b's protocol (its template, system prompt) is composed by default in
+# test_gpu_models_compose_with_the_authors_protocol, and through run.py in CI after make test (heavy)
+@pytest.mark.parametrize("model,limit,template", [
+    ("vicuna7b", 512, "vicuna"), pytest.param("llama31_8b", 512, "tokenizer", marks=pytest.mark.heavy)])
 def test_run_py_composes_the_authors_protocol(model, limit, template):
     """`python run.py model=vicuna7b` itself (its @hydra.main and resolvers), not only compose()."""
     done = subprocess.run([sys.executable, "run.py", f"model={model}", "--cfg", "job", "--resolve"], cwd=ROOT,
@@ -129,7 +132,8 @@ def test_stop_at_context_lets_a_long_prompt_decode_until_the_context_is_full():
         rows.fit_prompt(list(range(2048)), cfg, 2048)
 
 
-def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_rate(tmp_path, monkeypatch, capsys):
+def test_warmup_decodes_the_first_question_whole_and_rows_carry_the_end_to_end_rate(tmp_path, monkeypatch, capsys,
+                                                                                   shared_target_loads):
     calls = []
     real = runner.generate
 

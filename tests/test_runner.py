@@ -18,6 +18,8 @@ from eagle2.heads.eagle_head import save_head
 from tests.conftest import tiny_head, unloadable_weights
 
 ROOT = Path(__file__).resolve().parents[1]
+# the runs of a test load each SmolLM2 config once per process (conftest): loading has its own tests
+pytestmark = pytest.mark.usefixtures("shared_target_loads")
 ROW_FIELDS = {"question_id", "turn", "dataset", "model", "method", "temperature", "seed", "new_tokens",
               "wall_time_s", "prefill_time_s", "target_forwards", "accept_lengths", "output_ids",
               "output_text", "config_hash"}
@@ -63,6 +65,16 @@ def test_eagle2_multiturn_matches_plain_and_writes_node_records(tmp_path, smollm
     assert len(nodes) > 0 and nodes["depth"].max() <= 3
 
 
+def test_unknown_names_are_refused_listing_the_known_ones():
+    """What run.py's Hydra config says of a model name it does not know (run.py itself: the test below)."""
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as bad:
+        config("model=gpt5")
+    assert "smollm2" in str(bad.value) and "vicuna7b" in str(bad.value)
+
+
+@pytest.mark.heavy  # run.py in a subprocess: the refusal is the test above's, run.py's one-line errors test_harness's
 def test_cli_rejects_unknown_names():
     """(That the CLI runs and records its rows: tests/test_bare_gpu_node.py, one run.py decode for both.)"""
     bad = subprocess.run([sys.executable, "run.py", "model=gpt5"], cwd=ROOT, capture_output=True, text=True,
@@ -134,12 +146,13 @@ def test_full_disk_stops_the_run_cleanly_and_the_next_run_finishes(tmp_path, mon
     run(plain_cfg(tmp_path, 1))
     path = next(tmp_path.rglob("*.jsonl"))
     before = path.read_bytes()
-    monkeypatch.setattr(results, "open", FullDisk(len(before) // 2), raising=False)
-    with pytest.raises(StoreWriteError, match="No space left") as full:
-        run(plain_cfg(tmp_path, 3))
-    assert record_cell_failure(plain_cfg(tmp_path, 3), full.value).startswith("nowhere")
-    assert path.read_bytes() == before and not list(tmp_path.rglob("*.partial"))
-    monkeypatch.undo()  # space freed
+    with monkeypatch.context() as disk:
+        disk.setattr(results, "open", FullDisk(len(before) // 2), raising=False)
+        with pytest.raises(StoreWriteError, match="No space left") as full:
+            run(plain_cfg(tmp_path, 3))
+        assert record_cell_failure(plain_cfg(tmp_path, 3), full.value).startswith("nowhere")
+        assert path.read_bytes() == before and not list(tmp_path.rglob("*.partial"))
+    # space freed
     run(plain_cfg(tmp_path, 3))
     stored = [(r["question_id"], r["status"]) for r in rows(tmp_path)]
     assert len(set(stored)) == len(stored) == 3 and {status for _, status in stored} == {"ok"}

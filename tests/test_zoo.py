@@ -40,6 +40,7 @@ from eagle2.bench.runner import run
 from eagle2.heads.shapes import llama_config
 from eagle2.registry import gpu_models, known_methods, method_spec, model_architecture
 from eagle2.results.store import read_rows
+from tests.conftest import load_each_target_once
 from tests.test_runner import config
 from tests.zoo_fixtures import SPECIAL_TOKENS, weight_writers, write_target
 
@@ -65,22 +66,9 @@ def shared_target_loads():
     """The runner's ``load_target`` made to load each target once and hand the same loaded one to every later
     run of this module (the last one kept: a true-width target is gigabytes); yields that store, which
     ``zoo`` empties when it moves on to another model."""
-    from omegaconf import OmegaConf
-
-    import eagle2.bench.runner as runner
-
-    load, last = runner.load_target, {}
-
-    def load_once(model_cfg, *args, **kwargs):
-        key = (OmegaConf.to_yaml(model_cfg), args, tuple(sorted(kwargs.items())))
-        if key not in last:
-            last.clear()
-            gc.collect()  # the previous target gone before the next one loads
-            last[key] = load(model_cfg, *args, **kwargs)
-        return last[key]
-
+    last: dict = {}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runner, "load_target", load_once)
+        load_each_target_once(patch, last, keep=1)
         yield last
 
 
