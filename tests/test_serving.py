@@ -125,3 +125,29 @@ def test_the_page_sets_each_method_against_plain_at_the_same_rate(tmp_path):
     assert ratios.loc[0.5, "e2e_p50 / plain"] == pytest.approx(0.75)
     assert ratios.loc[1.0, "throughput / plain"] == pytest.approx(1.05)
     assert ratios.loc[0.5, "goodput / plain"] == pytest.approx(1.25) and ratios.loc[1.0, "goodput / plain"] == 0.0
+
+
+def test_a_regenerated_page_of_a_clean_checkout_is_stamped_clean(tmp_path, monkeypatch):
+    """The stamp's commit is read before the page's figure is rewritten: a new figure of a tracked page is the
+    page being regenerated, not a checkout that differs from its commit."""
+    import subprocess
+
+    import pandas as pd
+
+    from analysis import serving as report
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    page = tmp_path / "serving" / "kind.md"
+    page.parent.mkdir()
+    page.write_text("old\n")
+    page.with_suffix(".png").write_bytes(b"old figure")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "page")
+    monkeypatch.setattr(report, "plot", lambda table, out: out.write_bytes(b"new figure"))
+    monkeypatch.setattr(report, "report_text", lambda table, ttft, tpot: "table")
+    report.write_page(pd.DataFrame(), pd.DataFrame({"cpu_kind": ["avx2"]}), page, 10.0, 0.5)
+    stamp = next(line for line in page.read_text().splitlines() if line.startswith("- **Commit**"))
+    assert "-dirty" not in stamp and stamp != "- **Commit**: `unknown`", stamp
