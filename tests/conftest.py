@@ -27,9 +27,10 @@ def pytest_configure(config):
                             "(tests/devices.py); run with -m gpu")
     config.addinivalue_line("markers", "entrypoint: slow tests that start run.py in a subprocess; "
                             "`make test-entrypoints` (CI runs it after make test)")
-    config.addinivalue_line("markers", "heavy: slow tests CI runs after make test (`make test-heavy`): the "
-                            "entrypoints, and checks moved out of make test for its five minutes whose property "
-                            "a faster default test also covers (named in each one's comment)")
+    config.addinivalue_line("markers", "heavy: slow tests CI runs after make test (`make test-heavy`), out of "
+                            "make test for its five minutes: the entrypoints, tests that start processes (run.py "
+                            "beyond one start, torchrun ranks), the GPU check's tooling, and checks whose property a "
+                            "faster default test also covers (each one's comment says which)")
     config.addinivalue_line("markers", "xdist_group(name): tests that share a costly set-up; `--dist loadgroup` "
                             "(make test-slow) runs each group on one worker (pytest-xdist's own marker)")
 

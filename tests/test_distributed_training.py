@@ -76,6 +76,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+@pytest.mark.heavy  # two gloo ranks under torchrun (processes): in CI after make test (make test-heavy)
 def test_two_ranks_match_one_process_on_the_union_batch(corpus, two_ranks, tmp_path):
     out, weights = two_ranks
     reference = union_batch_reference(corpus, tmp_path / "ref")
@@ -97,7 +98,7 @@ def test_ranks_that_skip_the_all_reduce_differ(corpus, two_ranks, tmp_path):
     assert max_difference(broken, two_ranks[1]) > 100 * ATOL
 
 
-@pytest.mark.heavy  # torchrun in subprocesses; two ranks' equivalence stays in make test
+@pytest.mark.heavy  # torchrun in subprocesses: in CI after make test
 def test_killed_run_resumes_under_torchrun_and_refuses_another_world_size(corpus, two_ranks, tmp_path):
     out = tmp_path / "run"
     killed = torchrun(corpus, out, tmp_path / "head.safetensors", "--crash-at", 3, check=False)

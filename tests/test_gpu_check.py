@@ -19,6 +19,9 @@ import torch
 
 from experiments.ops.gpu_check import check as gpu_check
 
+# the GPU check's stage processes, a GPU machine's tool: in CI after make test (make test-heavy)
+pytestmark = pytest.mark.heavy
+
 # A stand-in for `python -m experiments.ops.gpu_check.stages STAGE --rows FILE`: argv = stage, rows file, behaviour.
 # Each row records how many rows gpu_check.json held when the stage started ("seen") and its pids.
 FAKE_STAGE = r"""
@@ -142,7 +145,6 @@ def test_gpu_without_cuda_torch_exits_2(tmp_path, fake, monkeypatch):
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"] == []
 
 
-@pytest.mark.heavy  # a stage child process end to end: in CI after make test
 def test_a_real_stage_child_runs(tmp_path):
     code, report = check(tmp_path, "--stages", "syncs")
     assert code == 0 and report["stage_runs"][0]["returncode"] == 0
@@ -209,7 +211,6 @@ def test_the_gpu_path_imports_nothing_the_gpu_image_lacks(tmp_path):
     assert "eagle2.bench.identity" in modules and "yaml" in modules  # the lazy imports were found
 
 
-@pytest.mark.heavy  # process groups killed from outside: in CI after make test
 def test_terminated_from_outside_kills_the_running_stage_group(tmp_path):
     """SIGTERM to the check (a device command past its limit) takes the stage's process group with it."""
     import signal

@@ -15,6 +15,9 @@ import torch
 
 from experiments.ops.gpu_check import env as gpu_env
 
+# the GPU check's launcher, in subprocesses, a GPU machine's tool: in CI after make test (make test-heavy)
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[1]
 SMI = "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H200 (UUID: GPU-00000000-fake)'\n"
 

@@ -13,6 +13,9 @@ from experiments.ops.gpu_check import stages as gs
 from experiments.ops.gpu_check import verify_timing as vt
 from tests.broken_rules import accept_second_choice_too
 
+# the GPU check's stages at CPU-proxy size, a GPU machine's tool: in CI after make test (make test-heavy)
+pytestmark = pytest.mark.heavy
+
 
 def run(stage: str) -> dict:
     rows: list[dict] = []
@@ -141,7 +144,6 @@ def test_cuda_graphs_stage_checks_the_static_path_on_a_cpu():
     assert rows[1]["rounds"] < rows[0]["rounds"]  # EAGLE-2 accepted drafts on the planted target
 
 
-@pytest.mark.heavy  # the stage's negative control; the stage itself runs by default (checks_the_static_path)
 def test_cuda_graphs_stage_fails_on_a_broken_static_path(monkeypatch):
     """The static cache keeps the first nodes of a round instead of the accepted path: EAGLE-2 diverges (in 2 of
     these 6 prompts: the planted target's greedy tokens lean little on the context)."""

@@ -198,6 +198,7 @@ def test_recipe_commands():
     assert len(table1) == 1 and table1[0][-1] == "paths.results=/tmp/r"
 
 
+@pytest.mark.heavy  # run.py in a subprocess: in CI; the refusal in-process: test_results_store (second writer)
 def test_second_writer_cli_refuses_with_one_line_naming_the_first(tmp_path):
     from eagle2.results.store import ResultStore, config_hash
 
