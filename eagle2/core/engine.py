@@ -235,9 +235,7 @@ def kept_features(features: torch.Tensor, row: int, kept: list[int]) -> torch.Te
     a view: a list index copies, at ~4x a view's cost per row and round; a view keeps the round's features alive
     while a drafter holds it (until its next catch-up)."""
     n = len(kept)
-    if kept[-1] != n - 1:
-        return features[row, kept]
-    return features[row] if n == features.shape[1] else features[row, :n]
+    return features[row, :n] if kept[-1] == n - 1 else features[row, kept]
 
 
 class SingleVerifier:
